@@ -1,0 +1,5 @@
+import sys
+
+from hangwatch.cli import main
+
+sys.exit(main())

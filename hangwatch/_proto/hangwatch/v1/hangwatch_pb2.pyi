@@ -1,0 +1,331 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROCESS_STATE_UNSPECIFIED: _ClassVar[ProcessState]
+    PROCESS_STATE_RUNNING: _ClassVar[ProcessState]
+    PROCESS_STATE_STOPPED: _ClassVar[ProcessState]
+    PROCESS_STATE_ZOMBIE: _ClassVar[ProcessState]
+    PROCESS_STATE_GONE: _ClassVar[ProcessState]
+    PROCESS_STATE_UNRESPONSIVE: _ClassVar[ProcessState]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_WATCHDOG_DUMP: _ClassVar[EventKind]
+    EVENT_KIND_COLLECTIVE_TIMEOUT: _ClassVar[EventKind]
+    EVENT_KIND_RANK_EXITED: _ClassVar[EventKind]
+    EVENT_KIND_RANK_UNRESPONSIVE: _ClassVar[EventKind]
+
+class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
+    COMMAND_KIND_DUMP: _ClassVar[CommandKind]
+PROCESS_STATE_UNSPECIFIED: ProcessState
+PROCESS_STATE_RUNNING: ProcessState
+PROCESS_STATE_STOPPED: ProcessState
+PROCESS_STATE_ZOMBIE: ProcessState
+PROCESS_STATE_GONE: ProcessState
+PROCESS_STATE_UNRESPONSIVE: ProcessState
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_WATCHDOG_DUMP: EventKind
+EVENT_KIND_COLLECTIVE_TIMEOUT: EventKind
+EVENT_KIND_RANK_EXITED: EventKind
+EVENT_KIND_RANK_UNRESPONSIVE: EventKind
+COMMAND_KIND_UNSPECIFIED: CommandKind
+COMMAND_KIND_DUMP: CommandKind
+
+class GroupInfo(_message.Message):
+    __slots__ = ("name", "desc", "pg_id", "ranks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESC_FIELD_NUMBER: _ClassVar[int]
+    PG_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    desc: str
+    pg_id: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., desc: _Optional[str] = ..., pg_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RankInfo(_message.Message):
+    __slots__ = ("rank", "local_rank", "world_size", "pid", "backend", "torch_version", "groups", "fr_source")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    FR_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    backend: str
+    torch_version: str
+    groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
+    fr_source: str
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., pid: _Optional[int] = ..., backend: _Optional[str] = ..., torch_version: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ..., fr_source: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("job_id", "agent_id", "host", "ranks", "agent_version")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    host: str
+    ranks: _containers.RepeatedCompositeFieldContainer[RankInfo]
+    agent_version: str
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., host: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("session_id", "poll_interval_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    poll_interval_s: float
+    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ...) -> None: ...
+
+class InFlight(_message.Message):
+    __slots__ = ("seq", "op", "age_s")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    op: str
+    age_s: float
+    def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class GroupProgress(_message.Message):
+    __slots__ = ("group", "last_enqueued", "last_completed", "last_started", "oldest_in_flight", "completed_unchanged_s")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    LAST_STARTED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_UNCHANGED_S_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    last_enqueued: int
+    last_completed: int
+    last_started: int
+    oldest_in_flight: InFlight
+    completed_unchanged_s: float
+    def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ...) -> None: ...
+
+class RankProgress(_message.Message):
+    __slots__ = ("rank", "state", "groups", "fr_age_s")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    FR_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    state: ProcessState
+    groups: _containers.RepeatedCompositeFieldContainer[GroupProgress]
+    fr_age_s: float
+    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ...) -> None: ...
+
+class ProgressReport(_message.Message):
+    __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    session_id: str
+    report_seq: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ...) -> None: ...
+
+class ProgressAck(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class FrEntry(_message.Message):
+    __slots__ = ("rank", "record_id", "group", "collective_seq", "p2p_seq", "profiling_name", "state", "retired", "is_p2p", "age_s", "input_sizes_json", "input_dtypes_json")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    P2P_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PROFILING_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    IS_P2P_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SIZES_JSON_FIELD_NUMBER: _ClassVar[int]
+    INPUT_DTYPES_JSON_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    record_id: int
+    group: str
+    collective_seq: int
+    p2p_seq: int
+    profiling_name: str
+    state: str
+    retired: bool
+    is_p2p: bool
+    age_s: float
+    input_sizes_json: str
+    input_dtypes_json: str
+    def __init__(self, rank: _Optional[int] = ..., record_id: _Optional[int] = ..., group: _Optional[str] = ..., collective_seq: _Optional[int] = ..., p2p_seq: _Optional[int] = ..., profiling_name: _Optional[str] = ..., state: _Optional[str] = ..., retired: _Optional[bool] = ..., is_p2p: _Optional[bool] = ..., age_s: _Optional[float] = ..., input_sizes_json: _Optional[str] = ..., input_dtypes_json: _Optional[str] = ...) -> None: ...
+
+class EntryBatch(_message.Message):
+    __slots__ = ("job_id", "agent_id", "session_id", "entries", "dropped")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    session_id: str
+    entries: _containers.RepeatedCompositeFieldContainer[FrEntry]
+    dropped: int
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[FrEntry, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class EntryAck(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("job_id", "agent_id", "session_id", "kind", "rank", "detail", "age_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    session_id: str
+    kind: EventKind
+    rank: int
+    detail: str
+    age_s: float
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., kind: _Optional[_Union[EventKind, str]] = ..., rank: _Optional[int] = ..., detail: _Optional[str] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class EventAck(_message.Message):
+    __slots__ = ("incident_id",)
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    def __init__(self, incident_id: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job_id", "agent_id", "session_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    session_id: str
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("kind", "incident_id", "reason", "deadline_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    kind: CommandKind
+    incident_id: str
+    reason: str
+    deadline_s: float
+    def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class BundleChunk(_message.Message):
+    __slots__ = ("job_id", "agent_id", "incident_id", "rank", "file_name", "offset", "data", "last", "sha256", "total_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    incident_id: str
+    rank: int
+    file_name: str
+    offset: int
+    data: bytes
+    last: bool
+    sha256: str
+    total_size: int
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., sha256: _Optional[str] = ..., total_size: _Optional[int] = ...) -> None: ...
+
+class UploadAck(_message.Message):
+    __slots__ = ("incident_id", "rank", "file_name", "bytes_stored", "complete", "duplicate")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STORED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    rank: int
+    file_name: str
+    bytes_stored: int
+    complete: bool
+    duplicate: bool
+    def __init__(self, incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., bytes_stored: _Optional[int] = ..., complete: _Optional[bool] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class DumpResult(_message.Message):
+    __slots__ = ("job_id", "agent_id", "incident_id", "ranks_dumped", "failures")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_DUMPED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    agent_id: str
+    incident_id: str
+    ranks_dumped: _containers.RepeatedScalarFieldContainer[int]
+    failures: _containers.RepeatedCompositeFieldContainer[RankFailure]
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., ranks_dumped: _Optional[_Iterable[int]] = ..., failures: _Optional[_Iterable[_Union[RankFailure, _Mapping]]] = ...) -> None: ...
+
+class RankFailure(_message.Message):
+    __slots__ = ("rank", "reason")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    reason: str
+    def __init__(self, rank: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DumpResultAck(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("serving", "version", "agents_connected")
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    serving: bool
+    version: str
+    agents_connected: int
+    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ...) -> None: ...

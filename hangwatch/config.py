@@ -1,0 +1,235 @@
+"""The one Config: every setting, its CLI flag, its HANGWATCH_* env var and its help.
+
+Precedence is CLI flag > environment variable > default. `docs/configuration.md`
+is generated from this module (`python -m hangwatch.config`) and a test keeps
+the two in step. Secrets are never flags: the token comes from a file or the
+environment so it never shows in `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangwatch import env
+
+SERVER = "server"
+AGENT = "agent"
+DEMO = "demo"
+RUN = "run"
+HOOK = "hook"
+
+
+def _opt(
+    flag: str | None,
+    envvar: str,
+    help: str,
+    commands: Iterable[str],
+    *,
+    secret: bool = False,
+) -> dict[str, Any]:
+    return {
+        "flag": flag,
+        "env": envvar,
+        "help": help,
+        "commands": frozenset(commands),
+        "secret": secret,
+    }
+
+
+@dataclass(kw_only=True)
+class Config:
+    job_id: str = field(
+        default="default",
+        metadata=_opt("--job-id", env.HANGWATCH_JOB_ID, "Job identifier shared by agents and coordinator.", [AGENT, DEMO, RUN, HOOK]),
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata=_opt("--host", env.HANGWATCH_HOST, "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.", [SERVER]),
+    )
+    grpc_port: int = field(
+        default=7451,
+        metadata=_opt("--grpc-port", env.HANGWATCH_GRPC_PORT, "Coordinator gRPC port; 0 picks a free port and prints it.", [SERVER]),
+    )
+    http_port: int = field(
+        default=7450,
+        metadata=_opt("--http-port", env.HANGWATCH_HTTP_PORT, "Dashboard/API HTTP port; 0 picks a free port and prints it.", [SERVER]),
+    )
+    data_dir: str = field(
+        default="./hangwatch-data",
+        metadata=_opt("--data-dir", env.HANGWATCH_DATA_DIR, "Coordinator state: SQLite incident store and incident bundles.", [SERVER, DEMO]),
+    )
+    stall_timeout: float = field(
+        default=10.0,
+        metadata=_opt("--stall-timeout", env.HANGWATCH_STALL_TIMEOUT, "Seconds a group may sit with some members in a collective others have not entered before an incident starts.", [SERVER, DEMO]),
+    )
+    dump_deadline: float = field(
+        default=15.0,
+        metadata=_opt("--dump-deadline", env.HANGWATCH_DUMP_DEADLINE, "Seconds the coordinator waits for every rank's dump before analysing what arrived.", [SERVER, DEMO]),
+    )
+    agent_lost_timeout: float = field(
+        default=10.0,
+        metadata=_opt("--agent-lost-timeout", env.HANGWATCH_AGENT_LOST_TIMEOUT, "Seconds without a report before an agent's ranks are marked unobserved.", [SERVER, DEMO]),
+    )
+    token_file: str | None = field(
+        default=None,
+        metadata=_opt("--token-file", env.HANGWATCH_TOKEN_FILE, "File holding the shared bearer token (or set HANGWATCH_TOKEN).", [SERVER, AGENT, DEMO, RUN]),
+    )
+    token: str | None = field(
+        default=None,
+        metadata=_opt(None, env.HANGWATCH_TOKEN, "Shared bearer token. Environment only: never a CLI flag.", [SERVER, AGENT, DEMO, RUN], secret=True),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=_opt("--insecure", env.HANGWATCH_INSECURE, "Allow binding a non-loopback address without a token.", [SERVER]),
+    )
+    tls_cert: str | None = field(
+        default=None,
+        metadata=_opt("--tls-cert", env.HANGWATCH_TLS_CERT, "PEM certificate: the server's own, or the agent's client cert for mTLS.", [SERVER, AGENT]),
+    )
+    tls_key: str | None = field(
+        default=None,
+        metadata=_opt("--tls-key", env.HANGWATCH_TLS_KEY, "PEM private key matching --tls-cert.", [SERVER, AGENT]),
+    )
+    tls_ca: str | None = field(
+        default=None,
+        metadata=_opt("--tls-ca", env.HANGWATCH_TLS_CA, "PEM CA bundle: agents verify the server with it; a server given one requires client certs.", [SERVER, AGENT]),
+    )
+    max_message_bytes: int = field(
+        default=8 * 1024 * 1024,
+        metadata=_opt("--max-message-bytes", env.HANGWATCH_MAX_MESSAGE_BYTES, "Largest gRPC message accepted; bundles travel in chunks below it.", [SERVER, AGENT]),
+    )
+    coordinator: str = field(
+        default="127.0.0.1:7451",
+        metadata=_opt("--coordinator", env.HANGWATCH_COORDINATOR, "HOST:PORT of the coordinator's gRPC endpoint.", [AGENT, DEMO, RUN]),
+    )
+    run_dir: str = field(
+        default="./hangwatch-run",
+        metadata=_opt("--run-dir", env.HANGWATCH_RUN_DIR, "Node-local directory shared by hook and agent: rank-info files, worker sockets, FR dump files, bundles.", [AGENT, RUN, HOOK, DEMO]),
+    )
+    poll_interval: float = field(
+        default=1.0,
+        metadata=_opt("--poll-interval", env.HANGWATCH_POLL_INTERVAL, "Seconds between the agent's FR progress polls.", [AGENT, DEMO]),
+    )
+    node_id: str = field(
+        default_factory=socket.gethostname,
+        metadata=_opt("--node-id", env.HANGWATCH_NODE_ID, "Name this agent reports for its node.", [AGENT]),
+    )
+    max_buffered: int = field(
+        default=10_000,
+        metadata=_opt("--max-buffered", env.HANGWATCH_MAX_BUFFERED, "Most FR entries/events an agent holds while the coordinator is unreachable; oldest dropped first.", [AGENT]),
+    )
+    fr_buffer_size: int = field(
+        default=2000,
+        metadata=_opt("--fr-buffer-size", env.HANGWATCH_FR_BUFFER_SIZE, "Default TORCH_FR_BUFFER_SIZE the hook sets when the job has none.", [RUN, HOOK]),
+    )
+    pyspy: str = field(
+        default="py-spy",
+        metadata=_opt("--pyspy", env.HANGWATCH_PYSPY, "py-spy executable used when a rank cannot dump its own stacks.", [AGENT]),
+    )
+    log_level: str = field(
+        default="info",
+        metadata=_opt("--log-level", env.HANGWATCH_LOG_LEVEL, "Logging level: debug, info, warning, error.", [SERVER, AGENT, DEMO, RUN, HOOK]),
+    )
+
+    def resolved_token(self) -> str | None:
+        """The token from the env var or the token file; the env var wins."""
+        if self.token:
+            return self.token.strip() or None
+        if self.token_file:
+            with open(self.token_file, encoding="utf-8") as f:
+                tok = f.read().strip()
+            if not tok:
+                raise ValueError(f"token file {self.token_file} is empty")
+            return tok
+        return None
+
+
+FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Config)
+
+
+def _field_type(f: dataclasses.Field[Any]) -> str:
+    return str(f.type).replace("'", "")
+
+
+def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
+    t = _field_type(f)
+    if t.startswith("bool"):
+        v = raw.strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{f.metadata['env']}={raw!r} is not a boolean")
+    if t.startswith("int"):
+        return int(raw)
+    if t.startswith("float"):
+        return float(raw)
+    return raw
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """Add the flags of every Config field the command uses."""
+    for f in FIELDS:
+        md = f.metadata
+        if command not in md["commands"] or md["flag"] is None:
+            continue
+        help_text = f"{md['help']} [env {md['env']}]"
+        if _field_type(f).startswith("bool"):
+            parser.add_argument(md["flag"], dest=f.name, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text)
+
+
+def from_sources(
+    ns: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """Build a Config: explicit overrides > CLI namespace > environment > defaults."""
+    environ = os.environ if environ is None else environ
+    kwargs: dict[str, Any] = {}
+    for f in FIELDS:
+        md = f.metadata
+        if f.name in overrides:
+            kwargs[f.name] = overrides[f.name]
+            continue
+        cli_val = getattr(ns, f.name, None) if ns is not None else None
+        raw: Any = cli_val if cli_val is not None else environ.get(md["env"])
+        if raw is None:
+            continue
+        kwargs[f.name] = raw if isinstance(raw, bool) else _convert(f, str(raw))
+    return Config(**kwargs)
+
+
+def markdown() -> str:
+    """The configuration reference, generated (docs/configuration.md)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated by `python -m hangwatch.config > docs/configuration.md`; a test fails when",
+        "this file and `hangwatch/config.py` disagree. Precedence: CLI flag > environment > default.",
+        "",
+        "| Setting | CLI flag | Environment variable | Default | Used by | Meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in FIELDS:
+        md = f.metadata
+        if f.default is not dataclasses.MISSING:
+            default = "(unset)" if f.default is None else f"`{f.default}`"
+        else:
+            default = "(host name)" if f.name == "node_id" else "(computed)"
+        flag = f"`{md['flag']}`" if md["flag"] else "(env only)"
+        used = ", ".join(sorted(md["commands"]))
+        lines.append(f"| `{f.name}` | {flag} | `{md['env']}` | {default} | {used} | {md['help']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
