@@ -1,0 +1,279 @@
+"""The waits-for graph of an incident, drawn as inline SVG on the server.
+
+A hang at scale is usually "1,023 ranks wait on one". Drawing 1,023 boxes says
+nothing, so ranks that wait on exactly the same peers (and that nobody waits
+on) are merged into one node. Terminal nodes are the culprits: a rank that
+waits on nobody, or a cycle (cross-group deadlock) that nothing leaves.
+
+Every string drawn comes from a dump and is untrusted: it goes through
+`markupsafe.escape`, and the result is `Markup` so templates do not escape twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hangwatch.analyzer.report import WaitEdge
+from hangwatch.server.web.fmt import rank_ranges
+from markupsafe import Markup, escape
+
+BOX_W = 170
+BOX_H = 36
+COL_GAP = 150
+ROW_GAP = 26
+PAD = 20
+MAX_NODES = 80  # beyond this the picture is unreadable anyway; the table below lists all
+MAX_LABELS_PER_EDGE = 3
+
+
+@dataclass(kw_only=True)
+class Node:
+    id: int
+    ranks: list[int]
+    kind: str = "waiter"  # "root" | "cycle" | "waiter"
+    layer: int = 0
+    x: float = 0.0
+    y: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if len(self.ranks) == 1:
+            return f"rank {self.ranks[0]}"
+        return f"ranks {rank_ranges(self.ranks, limit=2)} ({len(self.ranks)})"
+
+
+@dataclass(kw_only=True)
+class Edge:
+    src: int
+    dst: int
+    waits: set[tuple[str, int]] = field(default_factory=set)  # (group, seq)
+
+    def label(self) -> str:
+        items = sorted(self.waits, key=lambda gs: (gs[0], gs[1]))
+        text = ", ".join(f"group {g} #{s}" for g, s in items[:MAX_LABELS_PER_EDGE])
+        if len(items) > MAX_LABELS_PER_EDGE:
+            text += f" +{len(items) - MAX_LABELS_PER_EDGE}"
+        return text
+
+
+@dataclass(kw_only=True)
+class WaitGraph:
+    nodes: list[Node]
+    edges: list[Edge]
+    dropped_nodes: int = 0
+
+    @property
+    def roots(self) -> list[int]:
+        return sorted(r for n in self.nodes if n.kind == "root" for r in n.ranks)
+
+    @property
+    def cycle_ranks(self) -> list[int]:
+        return sorted(r for n in self.nodes if n.kind == "cycle" for r in n.ranks)
+
+
+def _sccs(nodes: Sequence[int], succ: dict[int, set[int]]) -> list[list[int]]:
+    """Tarjan's strongly connected components, iterative (graphs may be deep)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work: list[tuple[int, list[int]]] = [(start, sorted(succ.get(start, ())))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, todo = work[-1]
+            if todo:
+                w = todo.pop()
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, sorted(succ.get(w, ()))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                out.append(sorted(comp))
+    return out
+
+
+def build(edges: Sequence[WaitEdge]) -> WaitGraph:
+    """Merge equivalent waiters, classify roots and cycles, and lay the graph out."""
+    out_edges: dict[int, set[tuple[int, str, int]]] = defaultdict(set)
+    waited_on: set[int] = set()
+    ranks: set[int] = set()
+    for e in edges:
+        if e.waiter == e.waits_on:
+            continue
+        out_edges[e.waiter].add((e.waits_on, e.group, e.seq))
+        waited_on.add(e.waits_on)
+        ranks.update((e.waiter, e.waits_on))
+    if not ranks:
+        return WaitGraph(nodes=[], edges=[])
+
+    # Ranks nobody waits on, with identical out-edges, become one node.
+    node_of: dict[int, int] = {}
+    nodes: list[Node] = []
+    leaves_by_sig: dict[frozenset[tuple[int, str, int]], list[int]] = defaultdict(list)
+    for r in sorted(ranks):
+        if r in waited_on:
+            node_of[r] = len(nodes)
+            nodes.append(Node(id=len(nodes), ranks=[r]))
+        else:
+            leaves_by_sig[frozenset(out_edges[r])].append(r)
+    for group in sorted(leaves_by_sig.values(), key=lambda rs: rs[0]):
+        nid = len(nodes)
+        nodes.append(Node(id=nid, ranks=group))
+        for r in group:
+            node_of[r] = nid
+
+    by_pair: dict[tuple[int, int], Edge] = {}
+    for waiter, outs in out_edges.items():
+        for target, group_name, seq in outs:
+            key = (node_of[waiter], node_of[target])
+            by_pair.setdefault(key, Edge(src=key[0], dst=key[1])).waits.add((group_name, seq))
+    graph_edges = sorted(by_pair.values(), key=lambda e: (e.src, e.dst))
+
+    succ: dict[int, set[int]] = defaultdict(set)
+    pred: dict[int, set[int]] = defaultdict(set)
+    for ge in graph_edges:
+        succ[ge.src].add(ge.dst)
+        pred[ge.dst].add(ge.src)
+
+    # Terminal components: no edge leaves them. Size 1 -> root; larger -> cycle.
+    comps = _sccs([n.id for n in nodes], succ)
+    comp_of = {v: i for i, comp in enumerate(comps) for v in comp}
+    terminal: list[int] = []
+    for i, comp in enumerate(comps):
+        leaves_comp = any(comp_of[w] != i for v in comp for w in succ[v])
+        if len(comp) > 1:
+            for v in comp:
+                nodes[v].kind = "cycle"
+        elif not leaves_comp:
+            nodes[comp[0]].kind = "root"
+        if not leaves_comp:
+            terminal.extend(comp)
+
+    # Layer = hops to the nearest terminal; drawn right to left so arrows
+    # point towards the culprit on the right.
+    layer = {v: 0 for v in terminal}
+    queue = deque(terminal)
+    while queue:
+        v = queue.popleft()
+        for u in pred[v]:
+            if u not in layer:
+                layer[u] = layer[v] + 1
+                queue.append(u)
+    for n in nodes:  # unreachable from a terminal cannot happen, but stay total
+        n.layer = layer.get(n.id, 0)
+
+    dropped = 0
+    if len(nodes) > MAX_NODES:
+        keep = sorted(nodes, key=lambda n: (n.layer, n.ranks[0]))[:MAX_NODES]
+        kept = {n.id for n in keep}
+        dropped = len(nodes) - len(kept)
+        graph_edges = [e for e in graph_edges if e.src in kept and e.dst in kept]
+        nodes = [n for n in nodes if n.id in kept]
+
+    max_layer = max(n.layer for n in nodes)
+    columns: dict[int, list[Node]] = defaultdict(list)
+    for n in nodes:
+        columns[n.layer].append(n)
+    for lyr, col in columns.items():
+        col.sort(key=lambda n: n.ranks[0])
+        for i, n in enumerate(col):
+            n.x = PAD + (max_layer - lyr) * (BOX_W + COL_GAP)
+            n.y = PAD + 24 + i * (BOX_H + ROW_GAP)
+    return WaitGraph(nodes=nodes, edges=graph_edges, dropped_nodes=dropped)
+
+
+def _border_point(n: Node, tx: float, ty: float) -> tuple[float, float]:
+    """Where the line from n's centre towards (tx, ty) leaves n's box."""
+    cx, cy = n.x + BOX_W / 2, n.y + BOX_H / 2
+    dx, dy = tx - cx, ty - cy
+    if dx == 0 and dy == 0:
+        return cx, cy
+    sx = (BOX_W / 2) / abs(dx) if dx else math.inf
+    sy = (BOX_H / 2) / abs(dy) if dy else math.inf
+    s = min(sx, sy)
+    return cx + dx * s, cy + dy * s
+
+
+def _f(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def render_svg(graph: WaitGraph) -> Markup:
+    """The graph as an `<svg>` element; presentation via classes defined in app.css."""
+    if not graph.nodes:
+        return Markup("")
+    width = max(n.x for n in graph.nodes) + BOX_W + PAD
+    height = max(n.y for n in graph.nodes) + BOX_H + PAD + 10
+    by_id = {n.id: n for n in graph.nodes}
+    pairs = {(e.src, e.dst) for e in graph.edges}
+    parts: list[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="waitgraph" role="img" '
+        f'width="{_f(width)}" height="{_f(height)}" viewBox="0 0 {_f(width)} {_f(height)}" '
+        f'aria-label="waits-for graph: {len(graph.nodes)} nodes, {len(graph.edges)} edges">',
+        "<defs>"
+        '<marker id="wf-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+        'class="wf-arrowhead"/></marker></defs>',
+        f'<text class="wf-caption" x="{PAD}" y="{PAD}">waiting ranks &#8594; the ranks they wait on</text>',
+    ]
+    for e in graph.edges:
+        a, b = by_id[e.src], by_id[e.dst]
+        bx, by = b.x + BOX_W / 2, b.y + BOX_H / 2
+        ax, ay = a.x + BOX_W / 2, a.y + BOX_H / 2
+        x1, y1 = _border_point(a, bx, by)
+        x2, y2 = _border_point(b, ax, ay)
+        # Bend edges that would overlap: two-way pairs and same-column edges.
+        bend = 0.0
+        if (e.dst, e.src) in pairs or a.layer == b.layer:
+            bend = 45.0
+        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
+        length = math.hypot(x2 - x1, y2 - y1) or 1.0
+        nx, ny = -(y2 - y1) / length, (x2 - x1) / length
+        cx, cy = mx + nx * bend, my + ny * bend
+        lx, ly = 0.25 * x1 + 0.5 * cx + 0.25 * x2, 0.25 * y1 + 0.5 * cy + 0.25 * y2
+        cls = "wf-edge wf-edge-cycle" if a.kind == "cycle" and b.kind == "cycle" else "wf-edge"
+        label = escape(e.label())
+        parts.append(
+            f'<g class="{cls}"><title>{escape(a.label)} waits on {escape(b.label)}: {label}</title>'
+            f'<path d="M {_f(x1)} {_f(y1)} Q {_f(cx)} {_f(cy)} {_f(x2)} {_f(y2)}" '
+            f'marker-end="url(#wf-arrow)"/>'
+            f'<text x="{_f(lx)}" y="{_f(ly - 4)}" text-anchor="middle">{label}</text></g>'
+        )
+    for n in graph.nodes:
+        tip = f"{n.label}: {n.kind}; ranks {rank_ranges(n.ranks)}"
+        parts.append(
+            f'<g class="wf-node wf-{n.kind}" data-ranks="{escape(rank_ranges(n.ranks))}">'
+            f"<title>{escape(tip)}</title>"
+            f'<rect x="{_f(n.x)}" y="{_f(n.y)}" width="{BOX_W}" height="{BOX_H}" rx="6"/>'
+            f'<text x="{_f(n.x + BOX_W / 2)}" y="{_f(n.y + BOX_H / 2 + 5)}" '
+            f'text-anchor="middle">{escape(n.label)}</text></g>'
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))
