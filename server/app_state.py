@@ -1,0 +1,23 @@
+"""What the HTTP app needs from the running coordinator, in one object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hangwatch.server.metrics import Metrics
+from hangwatch.server.state import JobRegistry
+from hangwatch.server.store import IncidentStore
+
+from hangwatch.config import Config
+
+
+@dataclass(kw_only=True)
+class ServerContext:
+    config: Config
+    store: IncidentStore
+    registry: JobRegistry
+    data_dir: Path
+    metrics: Metrics
+    grpc_address: str = ""  # "host:port" once bound
+    http_address: str = ""  # "http://host:port" once bound

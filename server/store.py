@@ -1,0 +1,356 @@
+"""Durable incident store: one SQLite file in WAL mode, safe to share across threads.
+
+The coordinator writes from its gRPC handlers, its detector thread and its
+analysis worker; the dashboard reads concurrently. One connection guarded by a
+lock keeps writes serialised and simple; WAL lets readers in other processes
+(for example `sqlite3 hangwatch.db` during an incident) see committed rows
+without blocking the writer. Incidents survive a coordinator restart; the live
+job state does not (agents re-register and rebuild it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from hangwatch.analyzer.report import Report
+
+DB_FILE: Final = "hangwatch.db"
+INCIDENTS_DIR: Final = "incidents"
+
+TRIGGERS: Final = ("stall", "watchdog", "timeout", "rank-lost", "agent-lost")
+STATUSES: Final = ("collecting", "analyzed", "failed")
+
+# Incident ids name directories, so they are restricted to a safe alphabet.
+INCIDENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id      TEXT PRIMARY KEY,
+    first_seen  REAL NOT NULL,
+    last_seen   REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS incidents (
+    id                 TEXT PRIMARY KEY,
+    job_id             TEXT NOT NULL,
+    created            REAL NOT NULL,
+    reason             TEXT NOT NULL,
+    trigger            TEXT NOT NULL,
+    status             TEXT NOT NULL,
+    verdict            TEXT,
+    summary            TEXT,
+    lagging_ranks      TEXT NOT NULL DEFAULT '[]',
+    ranks_expected     TEXT NOT NULL DEFAULT '[]',
+    ranks_dumped       TEXT NOT NULL DEFAULT '[]',
+    ranks_unreachable  TEXT NOT NULL DEFAULT '{}',
+    detection_s        REAL,
+    report             TEXT,
+    error              TEXT,
+    updated            REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incidents_job_created ON incidents (job_id, created);
+CREATE INDEX IF NOT EXISTS incidents_created ON incidents (created);
+CREATE INDEX IF NOT EXISTS incidents_verdict ON incidents (verdict);
+"""
+
+
+@dataclass(kw_only=True, frozen=True)
+class IncidentRow:
+    id: str
+    job_id: str
+    created: float  # unix seconds
+    reason: str
+    trigger: str  # one of TRIGGERS
+    status: str  # one of STATUSES
+    verdict: str | None = None
+    summary: str | None = None
+    lagging_ranks: list[int] = field(default_factory=list)
+    ranks_expected: list[int] = field(default_factory=list)
+    ranks_dumped: list[int] = field(default_factory=list)
+    ranks_unreachable: dict[int, str] = field(default_factory=dict)
+    # From the stall's onset (the coordinator's last sight of progress in the
+    # stalled group, or an event's own age) to the verdict being stored.
+    detection_s: float | None = None
+    report: Report | None = None
+    error: str | None = None
+    updated: float = 0.0  # unix seconds of the last change
+
+
+@dataclass(kw_only=True, frozen=True)
+class JobRow:
+    job_id: str
+    first_seen: float  # unix seconds
+    last_seen: float
+    incidents: int
+
+
+class UnknownIncident(KeyError):
+    """No incident with that id."""
+
+
+def new_incident_id(now: float | None = None) -> str:
+    """Sortable by creation time, unguessable enough to not collide across restarts."""
+    t = time.gmtime(time.time() if now is None else now)
+    return time.strftime("%Y%m%dT%H%M%SZ", t) + "-" + secrets.token_hex(4)
+
+
+def _ranks(value: Iterable[int]) -> str:
+    return json.dumps(sorted({int(r) for r in value}))
+
+
+def _unreachable(value: Mapping[int, str]) -> str:
+    return json.dumps({str(int(k)): str(v) for k, v in sorted(value.items())})
+
+
+class IncidentStore:
+    """Incidents and the jobs they belong to, in `<data_dir>/hangwatch.db`."""
+
+    def __init__(self, path: Path, *, incidents_root: Path | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.incidents_root = (
+            Path(incidents_root) if incidents_root else self.path.parent / INCIDENTS_DIR
+        )
+        self.incidents_root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so each
+        # multi-statement change is one transaction.
+        self._db = sqlite3.connect(
+            str(self.path), check_same_thread=False, isolation_level=None, timeout=10.0
+        )
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+        # NORMAL is durable across process crashes in WAL mode; only an OS
+        # crash can lose the last transactions, which costs at most an incident
+        # row whose bundle files are still on disk.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > _SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {version}; this hangwatch knows {_SCHEMA_VERSION}"
+            )
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+        self._closed = False
+
+    @classmethod
+    def in_dir(cls, data_dir: Path) -> IncidentStore:
+        return cls(Path(data_dir) / DB_FILE)
+
+    # ---- files ---------------------------------------------------------------
+
+    def incident_dir(self, incident_id: str) -> Path:
+        """Bundle directory of an incident (layout: hangwatch.formats)."""
+        if not INCIDENT_ID_RE.match(incident_id):
+            raise ValueError(f"invalid incident id {incident_id!r}")
+        return self.incidents_root / incident_id
+
+    # ---- writes --------------------------------------------------------------
+
+    def touch_job(self, job_id: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO jobs (job_id, first_seen, last_seen) VALUES (?, ?, ?) "
+                "ON CONFLICT(job_id) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)",
+                (job_id, now, now),
+            )
+
+    def create_incident(
+        self,
+        *,
+        job_id: str,
+        reason: str,
+        trigger: str,
+        ranks_expected: Iterable[int],
+        incident_id: str | None = None,
+        created: float | None = None,
+    ) -> IncidentRow:
+        if trigger not in TRIGGERS:
+            raise ValueError(f"unknown trigger {trigger!r}; expected one of {TRIGGERS}")
+        created = time.time() if created is None else created
+        incident_id = incident_id or new_incident_id(created)
+        if not INCIDENT_ID_RE.match(incident_id):
+            raise ValueError(f"invalid incident id {incident_id!r}")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT INTO jobs (job_id, first_seen, last_seen) VALUES (?, ?, ?) "
+                    "ON CONFLICT(job_id) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)",
+                    (job_id, created, created),
+                )
+                self._db.execute(
+                    "INSERT INTO incidents (id, job_id, created, reason, trigger, status, "
+                    "ranks_expected, updated) VALUES (?, ?, ?, ?, ?, 'collecting', ?, ?)",
+                    (
+                        incident_id,
+                        job_id,
+                        created,
+                        reason,
+                        trigger,
+                        _ranks(ranks_expected),
+                        created,
+                    ),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        row = self.get_incident(incident_id)
+        assert row is not None
+        return row
+
+    def set_dump_outcome(
+        self,
+        incident_id: str,
+        *,
+        ranks_dumped: Iterable[int],
+        ranks_unreachable: Mapping[int, str],
+    ) -> IncidentRow:
+        return self._update(
+            incident_id,
+            ranks_dumped=_ranks(ranks_dumped),
+            ranks_unreachable=_unreachable(ranks_unreachable),
+        )
+
+    def finish_incident(
+        self, incident_id: str, *, report: Report, detection_s: float | None
+    ) -> IncidentRow:
+        """Store the analyzer's verdict; the incident becomes `analyzed`."""
+        return self._update(
+            incident_id,
+            status="analyzed",
+            verdict=report.verdict,
+            summary=report.summary,
+            lagging_ranks=_ranks(report.lagging_ranks),
+            report=report.to_json(),
+            detection_s=detection_s,
+            error=None,
+        )
+
+    def fail_incident(self, incident_id: str, *, error: str) -> IncidentRow:
+        return self._update(incident_id, status="failed", error=error)
+
+    def _update(self, incident_id: str, **cols: Any) -> IncidentRow:
+        cols["updated"] = time.time()
+        assignments = ", ".join(f"{k} = ?" for k in cols)
+        with self._lock:
+            cur = self._db.execute(
+                f"UPDATE incidents SET {assignments} WHERE id = ?",
+                (*cols.values(), incident_id),
+            )
+            if cur.rowcount != 1:
+                raise UnknownIncident(incident_id)
+        row = self.get_incident(incident_id)
+        assert row is not None
+        return row
+
+    # ---- reads ---------------------------------------------------------------
+
+    def get_incident(self, incident_id: str) -> IncidentRow | None:
+        with self._lock:
+            r = self._db.execute("SELECT * FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return _row(r) if r is not None else None
+
+    def list_incidents(
+        self,
+        *,
+        job_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        verdict: str | None = None,
+        status: str | None = None,
+        limit: int = 200,
+    ) -> list[IncidentRow]:
+        """Newest first. `since`/`until` bound `created` (unix seconds, inclusive)."""
+        where: list[str] = []
+        args: list[Any] = []
+        for col, op, val in (
+            ("job_id", "=", job_id),
+            ("created", ">=", since),
+            ("created", "<=", until),
+            ("verdict", "=", verdict),
+            ("status", "=", status),
+        ):
+            if val is not None:
+                where.append(f"{col} {op} ?")
+                args.append(val)
+        sql = "SELECT * FROM incidents"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created DESC, id DESC LIMIT ?"
+        args.append(max(0, int(limit)))
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [_row(r) for r in rows]
+
+    def list_jobs(self) -> list[JobRow]:
+        """Most recently seen first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT j.job_id, j.first_seen, j.last_seen, COUNT(i.id) AS n "
+                "FROM jobs j LEFT JOIN incidents i ON i.job_id = j.job_id "
+                "GROUP BY j.job_id ORDER BY j.last_seen DESC"
+            ).fetchall()
+        return [
+            JobRow(
+                job_id=r["job_id"],
+                first_seen=r["first_seen"],
+                last_seen=r["last_seen"],
+                incidents=r["n"],
+            )
+            for r in rows
+        ]
+
+    def count_by_verdict(self) -> dict[str, int]:
+        """Analyzed incidents per verdict; incidents without one count under their status."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT COALESCE(verdict, status) AS k, COUNT(*) AS n FROM incidents GROUP BY k"
+            ).fetchall()
+        return {r["k"]: r["n"] for r in rows}
+
+    def journal_mode(self) -> str:
+        with self._lock:
+            return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+
+def _row(r: sqlite3.Row) -> IncidentRow:
+    report = Report.from_dict(json.loads(r["report"])) if r["report"] else None
+    return IncidentRow(
+        id=r["id"],
+        job_id=r["job_id"],
+        created=r["created"],
+        reason=r["reason"],
+        trigger=r["trigger"],
+        status=r["status"],
+        verdict=r["verdict"],
+        summary=r["summary"],
+        lagging_ranks=list(json.loads(r["lagging_ranks"])),
+        ranks_expected=list(json.loads(r["ranks_expected"])),
+        ranks_dumped=list(json.loads(r["ranks_dumped"])),
+        ranks_unreachable={int(k): v for k, v in json.loads(r["ranks_unreachable"]).items()},
+        detection_s=r["detection_s"],
+        report=report,
+        error=r["error"],
+        updated=r["updated"],
+    )
