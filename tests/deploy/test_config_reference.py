@@ -1,0 +1,50 @@
+"""docs/configuration.md is exactly what `python -m hangwatch.config` prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hangwatch import config, env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(30)
+def test_configuration_doc_is_generated_output() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "hangwatch.config"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=25,
+    ).stdout
+    doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert doc == out, (
+        "docs/configuration.md is stale: run `python -m hangwatch.config > docs/configuration.md`"
+    )
+
+
+@pytest.mark.timeout(10)
+def test_every_setting_is_documented_with_flag_and_env() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for f in config.FIELDS:
+        md = f.metadata
+        assert f"`{md['env']}`" in doc, f.name
+        if md["flag"]:
+            assert f"`{md['flag']}`" in doc, f.name
+        # The env name is a constant of hangwatch/env.py, not spelled anew.
+        assert getattr(env, md["env"], None) == md["env"], f"{md['env']} is not in hangwatch/env.py"
+
+
+@pytest.mark.timeout(10)
+def test_secrets_have_no_flag() -> None:
+    for f in config.FIELDS:
+        if f.metadata["secret"]:
+            assert f.metadata["flag"] is None, (
+                f"{f.name} is secret but has a CLI flag (shows in ps)"
+            )
