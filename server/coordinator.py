@@ -1,0 +1,188 @@
+"""The running coordinator: store, live state, incident manager and the gRPC
+server on its own event-loop thread. The CLI adds the HTTP dashboard on top;
+tests and the demo start this object directly (port 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ipaddress
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import grpc
+from hangwatch.server.app_state import ServerContext
+from hangwatch.server.grpc_service import CoordinatorService, TokenAuth
+from hangwatch.server.incidents import Analyze, IncidentManager, default_analyze
+from hangwatch.server.metrics import Metrics
+from hangwatch.server.state import JobRegistry
+from hangwatch.server.store import IncidentStore
+from hangwatch.server.uploads import MAX_FILE_BYTES
+
+from hangwatch.config import Config
+from hangwatch.wire import rpc
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def hostport(host: str, port: int) -> str:
+    """host:port, with IPv6 literals bracketed."""
+    h = host.strip("[]")
+    return f"[{h}]:{port}" if ":" in h else f"{h}:{port}"
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS when a cert and key are configured; with a CA, clients must present a cert."""
+    if not (config.tls_cert or config.tls_key):
+        return None
+    if not (config.tls_cert and config.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    key = Path(config.tls_key).read_bytes()
+    cert = Path(config.tls_cert).read_bytes()
+    ca = Path(config.tls_ca).read_bytes() if config.tls_ca else None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+def grpc_options(config: Config) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        # Find dead agents' streams without waiting for TCP timeouts, and let
+        # agents keep idle command streams alive with their own pings.
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        analyze: Analyze = default_analyze,
+        max_file_bytes: int = MAX_FILE_BYTES,
+        tick_s: float | None = None,
+    ) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir).resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.token = config.resolved_token()
+        self.store = IncidentStore.in_dir(self.data_dir)
+        self.metrics = Metrics()
+        self.registry = JobRegistry(
+            agent_lost_timeout=config.agent_lost_timeout, stall_timeout=config.stall_timeout
+        )
+        self.incidents = IncidentManager(
+            store=self.store,
+            registry=self.registry,
+            metrics=self.metrics,
+            stall_timeout=config.stall_timeout,
+            dump_deadline=config.dump_deadline,
+            analyze=analyze,
+            tick_s=tick_s,
+        )
+        self.service = CoordinatorService(
+            registry=self.registry,
+            store=self.store,
+            incidents=self.incidents,
+            metrics=self.metrics,
+            max_file_bytes=max_file_bytes,
+        )
+        self.context = ServerContext(
+            config=config,
+            store=self.store,
+            registry=self.registry,
+            data_dir=self.data_dir,
+            metrics=self.metrics,
+        )
+        self.grpc_port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stopped = False
+
+    @property
+    def grpc_address(self) -> str:
+        return hostport(self.config.host, self.grpc_port)
+
+    def start(self, timeout: float = 15.0) -> int:
+        """Bind and serve; returns the gRPC port."""
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="hangwatch-grpc", daemon=True)
+        self._thread.start()
+        try:
+            self.grpc_port = asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout)
+        except BaseException:
+            self._stop_loop()
+            self.store.close()
+            raise
+        self.context.grpc_address = self.grpc_address
+        self.incidents.start()
+        log.info("gRPC serving on %s", self.grpc_address)
+        return self.grpc_port
+
+    async def _astart(self) -> int:
+        interceptors = [TokenAuth(self.token, self.metrics)] if self.token else []
+        server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.config))
+        rpc.add_CoordinatorServicer_to_server(self.service, server)
+        addr = hostport(self.config.host, self.config.grpc_port)
+        creds = server_credentials(self.config)
+        port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
+        if not port:
+            raise OSError(f"cannot bind gRPC on {addr}")
+        await server.start()
+        self._server = server
+        return port
+
+    def stop(self, grace: float = 3.0) -> None:
+        """Bounded: streams are told to end, calls get `grace` seconds, then cancelled."""
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = self._loop
+        if loop is not None and self._server is not None:
+            self.service.stopping.set()
+            loop.call_soon_threadsafe(self.service.shutdown_streams)
+            try:
+                asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop).result(grace + 5)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.warning("gRPC server did not stop within %.1fs", grace + 5)
+        self.incidents.stop(timeout=grace)
+        self._stop_loop()
+        self.store.close()
+
+    def _stop_loop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        if not loop.is_running():
+            loop.close()
+        self._loop = None
+
+    def __enter__(self) -> Coordinator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,359 @@
+"""The Coordinator gRPC service (grpc.aio) and its bearer-token interceptor.
+
+asyncio, not a thread pool: every agent holds a WatchCommands stream open for
+its whole life, and a thread per stream would cap the number of nodes at the
+pool size and starve the unary calls behind them. Handlers only touch
+thread-safe state (short locks); SQLite writes and fsyncs go to worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from hangwatch.server import validate
+from hangwatch.server.incidents import IncidentManager
+from hangwatch.server.metrics import Metrics
+from hangwatch.server.state import JobRegistry, StaleSession
+from hangwatch.server.store import IncidentStore
+from hangwatch.server.uploads import MAX_FILE_BYTES, FileUpload, UploadError, UploadTracker
+from hangwatch.server.validate import Invalid
+
+from hangwatch import __version__
+from hangwatch.wire import pb, rpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = "hangwatch.v1.Coordinator"
+# Health answers without a token so load balancers and liveness probes work;
+# it reveals only the version and a count of connected agents.
+UNAUTHENTICATED_METHODS = frozenset({f"/{SERVICE}/Health"})
+# How often an idle command stream re-checks its session and shutdown.
+STREAM_RECHECK_S = 1.0
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """Require `authorization: Bearer <token>` on every RPC but Health."""
+
+    def __init__(self, token: str, metrics: Metrics | None = None) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        if method in UNAUTHENTICATED_METHODS:
+            return await continuation(handler_call_details)
+        presented = b""
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                presented = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        # compare_digest on equal-type bytes: no timing signal about the token.
+        if presented and hmac.compare_digest(presented, self._expected):
+            return await continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if self._metrics is not None:
+            self._metrics.inc(
+                "hangwatch_grpc_requests_total",
+                labels={"method": method.rsplit("/", 1)[-1], "code": "UNAUTHENTICATED"},
+            )
+        why = "missing bearer token" if not presented else "wrong bearer token"
+        return _deny(handler, why)
+
+
+def _deny(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
+    async def unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+    async def streaming(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(streaming, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(unary, **kw)
+    return grpc.unary_unary_rpc_method_handler(unary, **kw)
+
+
+class CoordinatorService(rpc.CoordinatorServicer):
+    def __init__(
+        self,
+        *,
+        registry: JobRegistry,
+        store: IncidentStore,
+        incidents: IncidentManager,
+        metrics: Metrics,
+        poll_interval_s: float = 0.0,
+        max_file_bytes: int = MAX_FILE_BYTES,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.incidents = incidents
+        self.metrics = metrics
+        self.poll_interval_s = poll_interval_s
+        self.max_file_bytes = max_file_bytes
+        self.uploads = UploadTracker()
+        self.stopping = threading.Event()
+        self._streams: set[asyncio.Event] = set()
+
+    def shutdown_streams(self) -> None:
+        """Ask every open command stream to end (called on the server's loop)."""
+        self.stopping.set()
+        for ev in list(self._streams):
+            ev.set()
+
+    # ---- helpers -----------------------------------------------------------
+
+    def _ok(self, method: str) -> None:
+        self.metrics.inc("hangwatch_grpc_requests_total", labels={"method": method, "code": "OK"})
+
+    async def _fail(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        code: grpc.StatusCode,
+        msg: str,
+    ) -> NoReturn:
+        self.metrics.inc(
+            "hangwatch_grpc_requests_total", labels={"method": method, "code": code.name}
+        )
+        log.info("%s rejected (%s): %s", method, code.name, msg)
+        await context.abort(code, msg)
+        raise AssertionError("unreachable")  # abort raises
+
+    # ---- RPCs --------------------------------------------------------------
+
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RegisterResponse:
+        try:
+            validate.register_request(request)
+        except Invalid as e:
+            await self._fail(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        session_id = self.registry.register(request)
+        await asyncio.to_thread(self.store.touch_job, request.job_id)
+        log.info(
+            "agent %s (%s) registered %d ranks for job %s",
+            request.agent_id,
+            request.host,
+            len(request.ranks),
+            request.job_id,
+        )
+        self._ok("Register")
+        return pb.RegisterResponse(session_id=session_id, poll_interval_s=self.poll_interval_s)
+
+    async def ReportProgress(
+        self, request: pb.ProgressReport, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProgressAck:
+        try:
+            validate.progress_report(request)
+            self.registry.report_progress(request)
+        except Invalid as e:
+            await self._fail(context, "ReportProgress", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StaleSession:
+            self._ok("ReportProgress")
+            return pb.ProgressAck(known=False)
+        self._ok("ReportProgress")
+        return pb.ProgressAck(known=True)
+
+    async def ReportEntries(
+        self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EntryAck:
+        try:
+            validate.entry_batch(request)
+            self.registry.report_entries(request)
+        except Invalid as e:
+            await self._fail(context, "ReportEntries", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StaleSession:
+            self._ok("ReportEntries")
+            return pb.EntryAck(known=False)
+        self._ok("ReportEntries")
+        return pb.EntryAck(known=True)
+
+    async def ReportEvent(
+        self, request: pb.Event, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EventAck:
+        try:
+            validate.event(request)
+            self.registry.record_event(request)
+        except Invalid as e:
+            await self._fail(context, "ReportEvent", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StaleSession:
+            # The event still matters: the agent re-registers and resends it,
+            # but say so rather than silently dropping it.
+            await self._fail(
+                context,
+                "ReportEvent",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "unknown session: re-register",
+            )
+        incident_id = await asyncio.to_thread(self.incidents.on_event, request)
+        self._ok("ReportEvent")
+        return pb.EventAck(incident_id=incident_id)
+
+    async def WatchCommands(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.Command]:
+        try:
+            validate.ident("job_id", request.job_id)
+            validate.ident("agent_id", request.agent_id)
+        except Invalid as e:
+            await self._fail(context, "WatchCommands", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def waker() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        try:
+            token = self.registry.add_waker(
+                request.session_id, request.job_id, request.agent_id, waker
+            )
+        except StaleSession:
+            await self._fail(
+                context,
+                "WatchCommands",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "unknown session: re-register",
+            )
+        self._streams.add(wake)
+        delivered: set[str] = set()
+        try:
+            while not self.stopping.is_set():
+                wake.clear()
+                try:
+                    cmds = self.registry.pending_commands(
+                        request.session_id, request.job_id, request.agent_id
+                    )
+                except StaleSession:
+                    return  # a newer Register replaced this session; the agent opens a new stream
+                now = self.registry.now()
+                for cmd in cmds:
+                    if cmd.incident_id not in delivered:
+                        delivered.add(cmd.incident_id)
+                        yield cmd.to_pb(now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=STREAM_RECHECK_S)
+        finally:
+            # Runs on normal end, on client disconnect (the task is cancelled)
+            # and on server shutdown: no waker outlives its stream.
+            self._streams.discard(wake)
+            self.registry.remove_waker(request.job_id, request.agent_id, token)
+
+    async def UploadBundle(
+        self,
+        request_iterator: AsyncIterator[pb.BundleChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.UploadAck:
+        up: FileUpload | None = None
+        claimed = finished = False
+        error: tuple[grpc.StatusCode, str] | None = None
+        try:
+            async for chunk in request_iterator:
+                if up is None:
+                    up = await self._begin_upload(chunk)
+                    if up.already_complete():
+                        self.metrics.inc(
+                            "hangwatch_upload_files_total", labels={"outcome": "duplicate"}
+                        )
+                        finished = True
+                        self._ok("UploadBundle")
+                        return pb.UploadAck(
+                            incident_id=up.key.incident_id,
+                            rank=up.key.rank,
+                            file_name=up.key.file_name,
+                            bytes_stored=up.final.stat().st_size,
+                            complete=True,
+                            duplicate=True,
+                        )
+                    self.uploads.claim(up.key)
+                    claimed = True
+                    await asyncio.to_thread(up.open)
+                up.add(chunk)
+                if chunk.last:
+                    await asyncio.to_thread(up.finish, chunk)
+                    finished = True
+                    self.metrics.inc("hangwatch_upload_bytes_total", up.written)
+                    self.metrics.inc("hangwatch_upload_files_total", labels={"outcome": "stored"})
+                    self._ok("UploadBundle")
+                    return pb.UploadAck(
+                        incident_id=up.key.incident_id,
+                        rank=up.key.rank,
+                        file_name=up.key.file_name,
+                        bytes_stored=up.written,
+                        complete=True,
+                    )
+            error = (grpc.StatusCode.INVALID_ARGUMENT, "stream ended before the chunk marked last")
+        except Invalid as e:
+            error = (grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except UploadError as e:
+            error = (grpc.StatusCode[e.code], str(e))
+        except _NotFound as e:
+            error = (grpc.StatusCode.NOT_FOUND, str(e))
+        finally:
+            if up is not None and not finished and claimed:
+                up.abort()
+            if claimed and up is not None:
+                self.uploads.release(up.key)
+        self.metrics.inc("hangwatch_upload_files_total", labels={"outcome": "rejected"})
+        await self._fail(context, "UploadBundle", *error)
+
+    async def _begin_upload(self, first: pb.BundleChunk) -> FileUpload:
+        validate.ident("job_id", first.job_id)
+        validate.ident("agent_id", first.agent_id)
+        validate.incident_id(first.incident_id)
+        validate.file_name(first.file_name)
+        row = await asyncio.to_thread(self.store.get_incident, first.incident_id)
+        if row is None or row.job_id != first.job_id:
+            raise _NotFound(f"no incident {first.incident_id!r} for job {first.job_id!r}")
+        if row.ranks_expected and first.rank not in row.ranks_expected:
+            raise Invalid(f"rank {first.rank} is not among incident {row.id}'s ranks")
+        return FileUpload(
+            incident_dir=self.store.incident_dir(row.id),
+            incidents_root=self.store.incidents_root,
+            first=first,
+            max_bytes=self.max_file_bytes,
+        )
+
+    async def CompleteDump(
+        self, request: pb.DumpResult, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DumpResultAck:
+        try:
+            validate.dump_result(request)
+        except Invalid as e:
+            await self._fail(context, "CompleteDump", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        accepted = self.incidents.on_dump_result(request)
+        self._ok("CompleteDump")
+        return pb.DumpResultAck(accepted=accepted)
+
+    async def Health(
+        self, request: pb.HealthRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.HealthResponse:
+        self._ok("Health")
+        return pb.HealthResponse(
+            serving=not self.stopping.is_set(),
+            version=__version__,
+            agents_connected=self.registry.agents_connected(),
+        )
+
+
+class _NotFound(Exception):
+    pass

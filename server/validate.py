@@ -1,0 +1,162 @@
+"""Checks on everything agents send, before it touches state or disk.
+
+Each check raises `Invalid` with a message naming the field; the gRPC layer
+turns it into INVALID_ARGUMENT. Limits keep one bad or hostile agent from
+making the coordinator hold unbounded memory or write outside its data dir.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from hangwatch.server.state import MAX_GROUPS_PER_RANK, MAX_RANKS_PER_AGENT, MAX_WORLD_SIZE
+from hangwatch.server.store import INCIDENT_ID_RE
+
+from hangwatch.wire import pb
+
+MAX_ID_LEN: Final = 128
+MAX_GROUP_NAME_LEN: Final = 256
+MAX_TEXT_LEN: Final = 4096
+MAX_ENTRIES_PER_BATCH: Final = 100_000
+MAX_FAILURES: Final = MAX_RANKS_PER_AGENT
+
+# Bundle file names: a plain base name, no separators, no leading dot.
+FILE_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+
+
+class Invalid(ValueError):
+    """A request field is out of bounds or malformed."""
+
+
+def ident(kind: str, value: str) -> str:
+    """Job and agent ids: printable, bounded, nothing that could act as a path."""
+    if not value:
+        raise Invalid(f"{kind} is empty")
+    if len(value) > MAX_ID_LEN:
+        raise Invalid(f"{kind} is longer than {MAX_ID_LEN} characters")
+    if "/" in value or "\\" in value or ".." in value or "\x00" in value:
+        raise Invalid(f"{kind} {value!r} contains '/', '\\\\', '..' or NUL")
+    if not value.isprintable():
+        raise Invalid(f"{kind} {value!r} contains non-printable characters")
+    return value
+
+
+def group_name(value: str) -> str:
+    if not value or len(value) > MAX_GROUP_NAME_LEN or "\x00" in value or not value.isprintable():
+        raise Invalid(f"group name {value[:64]!r} is empty, too long or not printable")
+    return value
+
+
+def text(kind: str, value: str) -> str:
+    if "\x00" in value:
+        raise Invalid(f"{kind} contains NUL")
+    return value[:MAX_TEXT_LEN]
+
+
+def incident_id(value: str) -> str:
+    if not INCIDENT_ID_RE.match(value):
+        raise Invalid(f"incident_id {value[:80]!r} is not a valid incident id")
+    return value
+
+
+def file_name(value: str) -> str:
+    if not FILE_NAME_RE.match(value) or ".." in value or value.endswith(".part"):
+        raise Invalid(
+            f"file_name {value[:80]!r} must be a plain base name "
+            "([A-Za-z0-9_][A-Za-z0-9._-]*, no '..', not *.part)"
+        )
+    return value
+
+
+def rank(value: int, *, world_size: int | None = None) -> int:
+    limit = world_size if world_size else MAX_WORLD_SIZE
+    if not 0 <= value < limit:
+        raise Invalid(f"rank {value} is outside [0, {limit})")
+    return value
+
+
+def register_request(req: pb.RegisterRequest) -> None:
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+    text("host", req.host)
+    if len(req.ranks) > MAX_RANKS_PER_AGENT:
+        raise Invalid(f"{len(req.ranks)} ranks on one agent (limit {MAX_RANKS_PER_AGENT})")
+    seen: set[int] = set()
+    for ri in req.ranks:
+        if not 0 < ri.world_size <= MAX_WORLD_SIZE:
+            raise Invalid(
+                f"rank {ri.rank}: world_size {ri.world_size} is outside [1, {MAX_WORLD_SIZE}]"
+            )
+        rank(ri.rank, world_size=ri.world_size)
+        if ri.rank in seen:
+            raise Invalid(f"rank {ri.rank} listed twice")
+        seen.add(ri.rank)
+        if len(ri.groups) > MAX_GROUPS_PER_RANK:
+            raise Invalid(f"rank {ri.rank}: {len(ri.groups)} groups (limit {MAX_GROUPS_PER_RANK})")
+        for g in ri.groups:
+            group_name(g.name)
+            text("group desc", g.desc)
+            if len(g.ranks) > ri.world_size:
+                raise Invalid(
+                    f"group {g.name!r}: {len(g.ranks)} members exceed world_size {ri.world_size}"
+                )
+            for m in g.ranks:
+                rank(m, world_size=ri.world_size)
+            if ri.rank not in g.ranks:
+                raise Invalid(f"rank {ri.rank} registers group {g.name!r} it is not a member of")
+        for kind, v in (
+            ("backend", ri.backend),
+            ("torch_version", ri.torch_version),
+            ("fr_source", ri.fr_source),
+        ):
+            text(kind, v)
+    world_sizes = {ri.world_size for ri in req.ranks}
+    if len(world_sizes) > 1:
+        raise Invalid(f"ranks disagree on world_size: {sorted(world_sizes)}")
+
+
+def progress_report(req: pb.ProgressReport) -> None:
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+    if len(req.ranks) > MAX_RANKS_PER_AGENT:
+        raise Invalid(f"{len(req.ranks)} ranks in one report (limit {MAX_RANKS_PER_AGENT})")
+    for rp in req.ranks:
+        rank(rp.rank)
+        if len(rp.groups) > MAX_GROUPS_PER_RANK:
+            raise Invalid(f"rank {rp.rank}: {len(rp.groups)} groups (limit {MAX_GROUPS_PER_RANK})")
+        for gp in rp.groups:
+            group_name(gp.group)
+            if gp.last_enqueued < -1 or gp.last_completed < -1:
+                raise Invalid(f"rank {rp.rank} group {gp.group!r}: sequence numbers below -1")
+
+
+def entry_batch(req: pb.EntryBatch) -> None:
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+    if len(req.entries) > MAX_ENTRIES_PER_BATCH:
+        raise Invalid(f"{len(req.entries)} entries in one batch (limit {MAX_ENTRIES_PER_BATCH})")
+    for e in req.entries:
+        rank(e.rank)
+        group_name(e.group)
+
+
+def event(req: pb.Event) -> None:
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+    if req.rank != -1:
+        rank(req.rank)
+    text("detail", req.detail)
+
+
+def dump_result(req: pb.DumpResult) -> None:
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+    incident_id(req.incident_id)
+    if len(req.ranks_dumped) > MAX_RANKS_PER_AGENT or len(req.failures) > MAX_FAILURES:
+        raise Invalid("too many ranks in one dump result")
+    for r in req.ranks_dumped:
+        rank(r)
+    for f in req.failures:
+        rank(f.rank)
+        text("failure reason", f.reason)
