@@ -26,9 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import union_categoricals
-
-from hangwatch import formats
 from hangwatch.analyzer.parse import (
     BOOL_COLUMNS,
     ENTRY_COLUMNS,
@@ -43,6 +40,9 @@ from hangwatch.analyzer.parse import (
     sniff_and_decode,
 )
 from hangwatch.analyzer.report import FileError
+from pandas.api.types import union_categoricals
+
+from hangwatch import formats
 
 MAX_FILE_BYTES = 2 * 1024**3
 MAX_META_BYTES = 16 * 1024**2
@@ -278,8 +278,7 @@ def _read_all(
     total_bytes = sum(c.size for c in cands)
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     parallel = n_workers > 1 and (
-        workers is not None
-        and len(cands) > 1
+        (workers is not None and len(cands) > 1)
         or (total_bytes >= PARALLEL_MIN_BYTES and len(cands) >= PARALLEL_MIN_FILES)
     )
     bar = _progress_bar(progress, len(cands))

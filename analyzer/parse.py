@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from hangwatch.analyzer.safepickle import UnsafePickleError, safe_loads
 
 MAX_ENTRIES_PER_FILE = 5_000_000

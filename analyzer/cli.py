@@ -1,0 +1,115 @@
+"""`hangwatch analyze DUMP_DIR`: diagnose flight-recorder dumps offline.
+
+Exit status: 0 whenever the analysis ran (whatever it found); 2 when the
+input is unusable (no such path, no loadable dump), with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "analyze",
+        help="Diagnose flight-recorder dumps (a directory or an incident bundle).",
+        description="Find the rank and the collective a job is stuck on, from its FR dumps.",
+    )
+    p.add_argument(
+        "dump_dir",
+        metavar="DUMP_DIR",
+        help="directory with one FR dump per rank, or an incident bundle",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="number of ranks; ranks without a dump are reported missing",
+    )
+    p.add_argument(
+        "--prefix", default=None, help="only read dump files whose name starts with this"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the hangwatch.report/1 JSON document only"
+    )
+    p.add_argument(
+        "--selected-ranks",
+        default=None,
+        metavar="RANKS",
+        help="load only these ranks, e.g. 0,3,5-7",
+    )
+    p.add_argument(
+        "--group", default=None, metavar="NAME", help="analyze one process group (by name, e.g. 0)"
+    )
+    p.add_argument(
+        "--html",
+        default=None,
+        metavar="PATH",
+        help="also write a self-contained HTML report to PATH",
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def _fail(msg: str) -> int:
+    sys.stderr.write(f"hangwatch analyze: {msg}\n")
+    return 2
+
+
+def run(ns: argparse.Namespace) -> int:
+    from hangwatch.analyzer.diagnose import analyze
+    from hangwatch.analyzer.loader import load_dumps, parse_ranks
+
+    path = Path(ns.dump_dir)
+    if not path.exists():
+        return _fail(f"no such file or directory: {path}")
+    if ns.world_size is not None and ns.world_size <= 0:
+        return _fail("--world-size must be positive")
+    try:
+        selected = parse_ranks(ns.selected_ranks) if ns.selected_ranks else None
+    except ValueError as e:
+        return _fail(f"bad --selected-ranks: {e}")
+    try:
+        loaded = load_dumps(
+            path,
+            prefix=ns.prefix,
+            world_size=ns.world_size,
+            selected_ranks=selected,
+            progress=not ns.json,
+        )
+    except OSError as e:
+        return _fail(f"cannot read {path}: {e.strerror or e}")
+    if not loaded.ranks_loaded and not loaded.rank_meta:
+        why = (
+            f"; {len(loaded.errors)} file(s) could not be read, first: {loaded.errors[0].file}: {loaded.errors[0].error}"
+            if loaded.errors
+            else ""
+        )
+        return _fail(f"no loadable flight-recorder dumps under {path}{why}")
+    if ns.group is not None and ns.group not in loaded.groups:
+        return _fail(
+            f"no group named {ns.group!r}; groups: {', '.join(sorted(loaded.groups)) or 'none'}"
+        )
+    report = analyze(loaded, world_size=ns.world_size, group=ns.group)
+
+    if ns.html:
+        try:
+            from hangwatch.server.web.offline import render_incident_html
+        except ImportError as e:
+            return _fail(f"--html is not available: {e}")
+        html = render_incident_html(report, title=f"hangwatch: {path.name}")
+        Path(ns.html).write_text(html, encoding="utf-8")
+
+    if ns.json:
+        sys.stdout.write(report.to_json() + "\n")
+        return 0
+    from hangwatch.analyzer.render import render
+    from rich.console import Console
+
+    render(report, Console())
+    if ns.html:
+        Console(stderr=True).print(f"[dim]HTML report written to {ns.html}[/dim]")
+    return 0
