@@ -1,0 +1,1 @@
+"""Directory `hangwatch run` puts first on PYTHONPATH: its `sitecustomize` attaches the hook."""

@@ -1,0 +1,605 @@
+"""The per-rank hook: turn on the flight recorder and expose it to the node agent.
+
+`hangwatch.attach()` (or `hangwatch run`, which attaches with no edit of the
+script) does four things, none of them on the collective path:
+
+1. Sets torch's FR environment defaults. torch 2.13 reads `TORCH_FR_BUFFER_SIZE`
+   when the flight recorder is first touched, which is `init_process_group`
+   (measured: setting it after `import torch` but before init works; after
+   init, or after any FR dump call, it is ignored). So attach must run before
+   the process group exists; `hangwatch run` guarantees that.
+2. Wraps the group-creation functions so that after every new group it
+   rewrites `<run_dir>/hook/<pid>.json` (RANKINFO) with each group's name,
+   desc, local pg_id and global ranks. FR's `pg_status` is keyed by the local
+   pg_id, which torch does not expose for gloo; it is the creation order of
+   the groups this process is a member of (`_world.pg_names` order; measured on
+   2.13, including non-member groups and `new_subgroups`). The agent checks
+   that mapping against the entries' `process_group` names whenever it has
+   entries, because extra backends (e.g. TORCH_DISTRIBUTED_DEBUG=DETAIL
+   wrappers) could shift it.
+3. Starts torch's C++ worker server on `<run_dir>/hook/<pid>.sock` and adds two
+   Python handlers: `hangwatch_status` (status-only FR dump) and
+   `hangwatch_fr_pickle`. Without the C++ server, a daemon thread serves the
+   same handlers.
+4. Chains `sys.excepthook`/`threading.excepthook` to append a line to
+   `<pid>.events.jsonl` when a collective timeout escapes to the top. Blind
+   spot: a timeout the script catches itself is not reported here; the agent
+   still sees the stall in FR progress.
+
+Importing this module does not import torch. attach() never raises.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType, TracebackType
+from typing import Any
+
+from hangwatch import config as config_mod
+from hangwatch import env, formats, hook_protocol
+
+log = logging.getLogger("hangwatch.hook")
+
+_C10D = "torch.distributed.distributed_c10d"
+# Public functions that create groups. Internal callers (new_subgroups calls
+# new_group, DeviceMesh calls new_group/split_group) look them up as module
+# globals, so wrapping the module attribute catches those too.
+_GROUP_FACTORIES = (
+    "init_process_group",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "split_group",
+)
+_WRAPPED_MARK = "_hangwatch_wrapped"
+_TIMEOUT_RE = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttachResult:
+    """What attach() achieved. `ok` is False when something did not work; `reasons` says what."""
+
+    ok: bool
+    reasons: tuple[str, ...] = ()
+    run_dir: str | None = None
+    # The group-creation wrappers are waiting for torch.distributed to be imported.
+    deferred: bool = False
+    # Set once the default process group exists.
+    rankinfo_path: str | None = None
+    socket_path: str | None = None
+    fr_source: str | None = None
+    env_set: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class _State:
+    run_dir: str
+    job_id: str
+    force_thread_server: bool
+    owner_pid: int
+    reasons: list[str] = field(default_factory=list)
+    env_set: dict[str, str] = field(default_factory=dict)
+    deferred: bool = False
+    patched: bool = False
+    server: Any = None
+    fr_source: str | None = None
+    socket_path: str | None = None
+    rankinfo_path: str | None = None
+    started_unix: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_state: _State | None = None
+_attach_lock = threading.Lock()
+
+
+def attach(
+    *,
+    run_dir: str | None = None,
+    job_id: str | None = None,
+    fr_buffer_size: int | None = None,
+    force_thread_server: bool = False,
+    environ: MutableMapping[str, str] | None = None,
+) -> AttachResult:
+    """Attach the hook to this process. Idempotent; never raises into the caller.
+
+    Arguments override the HANGWATCH_* environment. `force_thread_server`
+    uses the fallback thread endpoint even where torch has the C++ server.
+    """
+    global _state
+    try:
+        with _attach_lock:
+            if _state is not None and _state.owner_pid == os.getpid():
+                return _result(_state)
+            environ = os.environ if environ is None else environ
+            overrides: dict[str, Any] = {}
+            if run_dir is not None:
+                overrides["run_dir"] = run_dir
+            if job_id is not None:
+                overrides["job_id"] = job_id
+            if fr_buffer_size is not None:
+                overrides["fr_buffer_size"] = fr_buffer_size
+            cfg = config_mod.from_sources(None, environ, **overrides)
+            st = _State(
+                run_dir=os.path.abspath(cfg.run_dir),
+                job_id=cfg.job_id,
+                force_thread_server=force_thread_server,
+                owner_pid=os.getpid(),
+            )
+            _state = st
+            _set_env_defaults(st, environ, cfg.fr_buffer_size)
+            _install_excepthooks()
+            if _C10D in sys.modules:
+                _patch_c10d(sys.modules[_C10D])
+                _after_group_change()
+            else:
+                st.deferred = True
+                _install_import_hook()
+            return _result(st)
+    except Exception as e:  # attach must never break training
+        log.exception("hangwatch: attach failed; training continues without it")
+        return AttachResult(ok=False, reasons=(f"attach failed: {type(e).__name__}: {e}",))
+
+
+def status() -> AttachResult:
+    """The current state of the hook in this process."""
+    if _state is None or _state.owner_pid != os.getpid():
+        return AttachResult(ok=False, reasons=("not attached",))
+    return _result(_state)
+
+
+def _result(st: _State) -> AttachResult:
+    return AttachResult(
+        ok=not st.reasons,
+        reasons=tuple(st.reasons),
+        run_dir=st.run_dir,
+        deferred=st.deferred,
+        rankinfo_path=st.rankinfo_path,
+        socket_path=st.socket_path,
+        fr_source=st.fr_source,
+        env_set=dict(st.env_set),
+    )
+
+
+# --- 1. environment -------------------------------------------------------
+
+
+def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size: int) -> None:
+    if _C10D in sys.modules and _torch_pg_initialized():
+        msg = (
+            "attach() ran after init_process_group: the flight recorder already exists, so "
+            f"{env.TORCH_FR_BUFFER_SIZE} and the dump-on-timeout settings may not take effect"
+        )
+        log.warning("hangwatch: %s", msg)
+        st.reasons.append(msg)
+    prefix = hook_protocol.fr_dump_prefix(st.run_dir)
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    # Defaults: the user's value wins.
+    _default(st, environ, env.TORCH_FR_BUFFER_SIZE, str(buffer_size))
+    if _torch_older_than(2, 7):
+        # Older torch knows only the NCCL-era name; newer torch warns that it is deprecated.
+        _default(st, environ, env.TORCH_NCCL_TRACE_BUFFER_SIZE, str(buffer_size))
+    _default(st, environ, env.TORCH_INCLUDE_STACK_TRACE, "1")
+    # Required: the agent watches this directory, so hangwatch's value wins.
+    for name, value in (
+        (env.TORCH_NCCL_DUMP_ON_TIMEOUT, "1"),
+        (env.TORCH_FR_DUMP_TEMP_FILE, prefix),
+        (env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE, prefix),
+    ):
+        _require(st, environ, name, value)
+    if environ.get(env.TORCH_FR_BUFFER_SIZE) == "0":
+        msg = (
+            f"{env.TORCH_FR_BUFFER_SIZE}=0 disables the flight recorder; hangwatch sees no progress"
+        )
+        log.warning("hangwatch: %s", msg)
+        st.reasons.append(msg)
+
+
+def _torch_older_than(major: int, minor: int) -> bool:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return False
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        return False
+    return (int(m.group(1)), int(m.group(2))) < (major, minor)
+
+
+def _default(st: _State, environ: MutableMapping[str, str], name: str, value: str) -> None:
+    current = environ.get(name)
+    if current is None:
+        environ[name] = value
+        st.env_set[name] = value
+        log.info("hangwatch: set %s=%s", name, value)
+    else:
+        log.info("hangwatch: keeping the job's %s=%s (hangwatch default %s)", name, current, value)
+
+
+def _require(st: _State, environ: MutableMapping[str, str], name: str, value: str) -> None:
+    current = environ.get(name)
+    if current == value:
+        log.info("hangwatch: %s=%s already set", name, value)
+        return
+    environ[name] = value
+    st.env_set[name] = value
+    if current is None:
+        log.info("hangwatch: set %s=%s", name, value)
+    else:
+        log.warning("hangwatch: overriding the job's %s=%s with %s", name, current, value)
+
+
+# --- 2. group discovery ---------------------------------------------------
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader for torch.distributed.distributed_c10d, then wraps its factories."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        try:
+            _patch_c10d(module)
+        except Exception:
+            log.exception("hangwatch: could not wrap group creation")
+
+
+class _C10dFinder(importlib.abc.MetaPathFinder):
+    """Waits for torch.distributed to be imported so attach() need not import torch itself."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _C10D:
+            return None
+        _remove_import_hook()
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchingLoader(spec.loader)  # type: ignore[arg-type]
+        return spec
+
+
+def _install_import_hook() -> None:
+    if not any(isinstance(f, _C10dFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _C10dFinder())
+
+
+def _remove_import_hook() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _C10dFinder)]
+
+
+def _patch_c10d(c10d: ModuleType) -> None:
+    st = _state
+    if st is None or st.patched:
+        return
+    dist = sys.modules.get("torch.distributed")
+    for name in _GROUP_FACTORIES:
+        orig = getattr(c10d, name, None)
+        if orig is None or getattr(orig, _WRAPPED_MARK, False):
+            continue
+        wrapped = _wrap_factory(orig)
+        setattr(c10d, name, wrapped)
+        # torch.distributed re-exports these; when it is already imported its
+        # copies are the originals and must be replaced too.
+        if dist is not None and getattr(dist, name, None) is orig:
+            setattr(dist, name, wrapped)
+    st.patched = True
+    st.deferred = False
+    log.debug("hangwatch: wrapped %s", ", ".join(_GROUP_FACTORIES))
+
+
+def _wrap_factory(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        _after_group_change()
+        return out
+
+    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    wrapper.__qualname__ = getattr(orig, "__qualname__", wrapper.__name__)
+    wrapper.__doc__ = orig.__doc__
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(wrapper, _WRAPPED_MARK, True)
+    return wrapper
+
+
+def _torch_pg_initialized() -> bool:
+    c10d = sys.modules.get(_C10D)
+    if c10d is None:
+        return False
+    try:
+        return bool(c10d.is_initialized())
+    except Exception:
+        return False
+
+
+def _after_group_change() -> None:
+    """Called after every group-creation call returns. Never raises."""
+    st = _state
+    if st is None or st.owner_pid != os.getpid() or not _torch_pg_initialized():
+        return
+    try:
+        with st.lock:
+            if st.server is None:
+                _start_endpoint(st)
+            _write_rankinfo(st)
+    except Exception as e:
+        msg = f"rank-info/endpoint update failed: {type(e).__name__}: {e}"
+        log.exception("hangwatch: %s", msg)
+        if msg not in st.reasons:
+            st.reasons.append(msg)
+
+
+def current_groups() -> list[dict[str, Any]]:
+    """The groups this process belongs to, in creation order, with their local FR pg_id."""
+    c10d = sys.modules[_C10D]
+    world = c10d._world
+    groups: list[dict[str, Any]] = []
+    for pg_id, (pg, name) in enumerate(world.pg_names.items()):
+        ranks = sorted(int(r) for r in world.pg_group_ranks.get(pg, {}))
+        groups.append(
+            {
+                "name": str(name),
+                "desc": str(getattr(pg, "group_desc", "") or ""),
+                "pg_id": pg_id,
+                "ranks": ranks,
+            }
+        )
+    return groups
+
+
+def _write_rankinfo(st: _State) -> None:
+    import torch
+    import torch.distributed as dist
+
+    pid = os.getpid()
+    local_rank = os.environ.get(env.LOCAL_RANK)
+    info = {
+        "schema": formats.RANKINFO,
+        "job_id": st.job_id,
+        "rank": dist.get_rank(),
+        "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else -1,
+        "world_size": dist.get_world_size(),
+        "pid": pid,
+        "proc_starttime": hook_protocol.proc_starttime(pid),
+        "host": socket.gethostname(),
+        "backend": str(dist.get_backend()),
+        "torch_version": str(torch.__version__),
+        "socket": st.socket_path,
+        "fr_source": st.fr_source,
+        "started_unix": st.started_unix,
+        "groups": current_groups(),
+    }
+    path = hook_protocol.rankinfo_path(st.run_dir, pid)
+    _atomic_write(path, json.dumps(info, indent=1).encode())
+    st.rankinfo_path = path
+    log.debug("hangwatch: wrote %s", path)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+# --- 3. FR endpoint -------------------------------------------------------
+
+
+def _c10d_ext() -> Any:
+    """torch's C++ c10d bindings (untyped for mypy: the private names are not in torch's stubs)."""
+    import importlib
+
+    return importlib.import_module("torch._C._distributed_c10d")
+
+
+def _status_json() -> bytes:
+    return bytes(_c10d_ext()._dump_fr_trace_json(includeCollectives=False))
+
+
+def _fr_pickle() -> bytes:
+    return bytes(_c10d_ext()._dump_fr_trace(includeCollectives=True, includeStackTraces=True))
+
+
+def _fr_json() -> bytes:
+    return bytes(_c10d_ext()._dump_fr_trace_json())
+
+
+def _start_endpoint(st: _State) -> None:
+    path = hook_protocol.socket_path(st.run_dir, os.getpid())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        os.unlink(path)
+    c: Any = None
+    with contextlib.suppress(ImportError):
+        c = _c10d_ext()
+    if not st.force_thread_server and c is not None and hasattr(c, "_WorkerServer"):
+        try:
+            _register_python_handlers(c)
+            st.server = c._WorkerServer(path, -1)
+            _keep_forever(st.server)
+            st.fr_source = "worker-server"
+        except Exception as e:
+            log.warning("hangwatch: C++ worker server failed (%s); using the thread endpoint", e)
+            st.server = None
+    if st.server is None:
+        from hangwatch import hook_server
+
+        st.server = hook_server.ThreadServer(
+            path,
+            {
+                hook_protocol.PING: lambda: (200, b"pong", "text/plain"),
+                hook_protocol.FR_TRACE_JSON: lambda: (200, _fr_json(), "application/json"),
+                hook_protocol.DUMP_TRACEBACK: lambda: (
+                    200,
+                    hook_server.dump_traceback_text(),
+                    "text/plain",
+                ),
+                hook_protocol.PYSPY_DUMP: lambda: (*hook_server.pyspy_dump_text(), "text/plain"),
+                hook_protocol.STATUS: lambda: (200, _status_json(), "application/json"),
+                hook_protocol.FR_PICKLE: lambda: (200, _fr_pickle(), "application/octet-stream"),
+            },
+        )
+        st.fr_source = "thread"
+    st.socket_path = path
+    atexit.register(_shutdown_endpoint)
+    log.info("hangwatch: FR endpoint (%s) on %s", st.fr_source, path)
+
+
+def _keep_forever(obj: object) -> None:
+    """Never run this object's destructor.
+
+    torch 2.13 holds the worker server and registered Python handlers in C++
+    objects that are destroyed after the interpreter has finalized; freeing a
+    Python object there has no GIL and aborts the process (measured on every
+    clean exit of an attached rank). `shutdown()` from atexit hangs instead.
+    An extra reference that is never dropped leaves them to die with the process.
+    """
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _register_python_handlers(c: Any) -> None:
+    def handler(fn: Callable[[], bytes], ctype: str) -> Callable[[Any, Any], None]:
+        def serve(req: Any, resp: Any) -> None:
+            try:
+                resp.set_content(fn(), ctype)
+                resp.set_status(200)
+            except Exception as e:
+                resp.set_content(f"{type(e).__name__}: {e}\n".encode(), "text/plain")
+                resp.set_status(500)
+
+        return serve
+
+    existing = set(c._get_handler_names())
+    for name, fn, ctype in (
+        (hook_protocol.STATUS, _status_json, "application/json"),
+        (hook_protocol.FR_PICKLE, _fr_pickle, "application/octet-stream"),
+    ):
+        if name not in existing:
+            serve = handler(fn, ctype)
+            # torch's registry drops its reference after the interpreter is
+            # gone; if that is the last one, deallocation without the GIL
+            # crashes the exit (measured: SIGSEGV/SIGABRT with a closure).
+            _keep_forever(serve)
+            c._register_handler(name, serve)
+
+
+def _shutdown_endpoint() -> None:
+    """At exit: remove the socket file only.
+
+    Calling the C++ server's shutdown() from atexit hangs or aborts the
+    interpreter in torch 2.13 (measured: it releases the GIL during
+    finalization), so the server is left to the process teardown.
+    """
+    st = _state
+    # A forked child inherits the Python object but not the server's threads.
+    if st is None or st.owner_pid != os.getpid() or not st.socket_path:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(st.socket_path)
+
+
+# --- 4. timeout events ----------------------------------------------------
+
+_prev_excepthook: Callable[..., Any] | None = None
+_prev_threading_excepthook: Callable[..., Any] | None = None
+
+
+def _install_excepthooks() -> None:
+    global _prev_excepthook, _prev_threading_excepthook
+    if getattr(sys.excepthook, _WRAPPED_MARK, False):
+        return
+    _prev_excepthook = sys.excepthook
+    _prev_threading_excepthook = threading.excepthook
+    setattr(_excepthook, _WRAPPED_MARK, True)
+    setattr(_threading_excepthook, _WRAPPED_MARK, True)
+    sys.excepthook = _excepthook
+    threading.excepthook = _threading_excepthook
+
+
+def _excepthook(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    record_exception(exc, thread=threading.current_thread().name)
+    prev = _prev_excepthook or sys.__excepthook__
+    prev(exc_type, exc, tb)
+
+
+def _threading_excepthook(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is not None:
+        record_exception(args.exc_value, thread=args.thread.name if args.thread else "?")
+    prev = _prev_threading_excepthook or threading.__excepthook__
+    prev(args)
+
+
+def _is_collective_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and bool(_TIMEOUT_RE.search(str(exc)))
+
+
+def record_exception(exc: BaseException, *, thread: str = "MainThread") -> None:
+    """Append a HOOK_EVENT line for an uncaught exception. Never raises."""
+    st = _state
+    if st is None or st.owner_pid != os.getpid():
+        return
+    try:
+        rank = -1
+        if _torch_pg_initialized():
+            rank = int(sys.modules[_C10D].get_rank())
+        elif os.environ.get(env.RANK, "").isdigit():
+            rank = int(os.environ[env.RANK])
+        kind = "collective-timeout" if _is_collective_timeout(exc) else "uncaught-exception"
+        line = {
+            "schema": formats.HOOK_EVENT,
+            "kind": kind,
+            "rank": rank,
+            "detail": f"{type(exc).__name__}: {exc}"[:4000],
+            "thread": thread,
+            "unix": time.time(),
+        }
+        path = hook_protocol.events_path(st.run_dir, os.getpid())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # One write() of one line in append mode: readers never see half a line.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    except Exception:
+        log.exception("hangwatch: could not record an exception event")
+
+
+def _forget_in_child() -> None:
+    # A forked child (e.g. a DataLoader worker) is not a rank: it must not
+    # serve, shut down or rewrite its parent's files.
+    global _state
+    _state = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,78 @@
+"""A real gloo rank for the agent/hook tests: `python rankjob.py --rank R --world W --store F ...`.
+
+Modes:
+  healthy  all ranks loop over all_reduce until <run_dir>/stop exists
+  hang     after --steps collectives, rank --culprit stops calling them (sleeps);
+           the others block in the next all_reduce
+  timeout  like hang, but the process group timeout is --pg-timeout seconds, so
+           the waiting ranks raise a collective timeout that escapes to the top
+Attach modes: call (hangwatch.attach()), thread (forced fallback endpoint), none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--mode", default="healthy", choices=["healthy", "hang", "timeout"])
+    p.add_argument("--attach", default="call", choices=["call", "thread", "none"])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--culprit", type=int, default=1)
+    p.add_argument("--pg-timeout", type=float, default=300.0)
+    p.add_argument("--interval", type=float, default=0.05)
+    a = p.parse_args()
+
+    if a.attach != "none":
+        import hangwatch
+        from hangwatch import hook
+
+        res = hangwatch.attach(run_dir=a.run_dir, force_thread_server=a.attach == "thread")
+        print(f"ATTACH ok={res.ok} deferred={res.deferred} reasons={res.reasons}", flush=True)
+    else:
+        hook = None
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{a.store}",
+        rank=a.rank,
+        world_size=a.world,
+        timeout=datetime.timedelta(seconds=a.pg_timeout),
+    )
+    # A subgroup of everyone but the last rank, then pairs: exercises pg_id order.
+    sub = dist.new_group(list(range(max(1, a.world - 1))), group_desc="head")
+    pairs, _ = dist.new_subgroups(2)
+    t = torch.ones(8)
+    for _ in range(a.steps):
+        dist.all_reduce(t)
+        if a.rank in range(max(1, a.world - 1)):
+            dist.all_reduce(t, group=sub)
+        dist.all_reduce(t, group=pairs)
+    if hook is not None:
+        print(f"STATUS {hook.status()}", flush=True)
+    print("READY", flush=True)
+    stop = os.path.join(a.run_dir, "stop")
+    if a.mode == "healthy" or a.rank == a.culprit:
+        while not os.path.exists(stop):
+            if a.mode == "healthy":
+                dist.all_reduce(t)
+            time.sleep(a.interval)
+        return 0
+    dist.all_reduce(t)  # blocks: the culprit never joins
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
