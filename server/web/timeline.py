@@ -16,7 +16,7 @@ from hangwatch.server.web.fmt import rank_ranges
 from markupsafe import Markup, escape
 
 LABEL_W = 190
-PLOT_W = 560
+PLOT_W = 720
 LANE_H = 30
 TOP = 34
 PAD = 12
@@ -110,7 +110,7 @@ def build(report: Report) -> list[GroupTimeline]:
 def _render(group: str, lanes: list[Lane], lo: int, hi: int) -> Markup:
     span = max(1, hi - lo)
     x0 = LABEL_W + 30
-    plot = PLOT_W - 60
+    plot = PLOT_W - 300  # room on the right for the last label
 
     def x(seq: int) -> float:
         return x0 + (seq - lo) * plot / span

@@ -64,6 +64,7 @@ class WaitGraph:
     nodes: list[Node]
     edges: list[Edge]
     dropped_nodes: int = 0
+    box_w: float = BOX_W
 
     @property
     def roots(self) -> list[int]:
@@ -197,6 +198,8 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
         graph_edges = [e for e in graph_edges if e.src in kept and e.dst in kept]
         nodes = [n for n in nodes if n.id in kept]
 
+    # Boxes as wide as the longest label (about 7 px a character at 12 px).
+    box_w = max(BOX_W, 7.0 * max(len(n.label) for n in nodes) + 24)
     max_layer = max(n.layer for n in nodes)
     columns: dict[int, list[Node]] = defaultdict(list)
     for n in nodes:
@@ -204,18 +207,18 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
     for lyr, col in columns.items():
         col.sort(key=lambda n: n.ranks[0])
         for i, n in enumerate(col):
-            n.x = PAD + (max_layer - lyr) * (BOX_W + COL_GAP)
+            n.x = PAD + (max_layer - lyr) * (box_w + COL_GAP)
             n.y = PAD + 24 + i * (BOX_H + ROW_GAP)
-    return WaitGraph(nodes=nodes, edges=graph_edges, dropped_nodes=dropped)
+    return WaitGraph(nodes=nodes, edges=graph_edges, dropped_nodes=dropped, box_w=box_w)
 
 
-def _border_point(n: Node, tx: float, ty: float) -> tuple[float, float]:
+def _border_point(n: Node, w: float, tx: float, ty: float) -> tuple[float, float]:
     """Where the line from n's centre towards (tx, ty) leaves n's box."""
-    cx, cy = n.x + BOX_W / 2, n.y + BOX_H / 2
+    cx, cy = n.x + w / 2, n.y + BOX_H / 2
     dx, dy = tx - cx, ty - cy
     if dx == 0 and dy == 0:
         return cx, cy
-    sx = (BOX_W / 2) / abs(dx) if dx else math.inf
+    sx = (w / 2) / abs(dx) if dx else math.inf
     sy = (BOX_H / 2) / abs(dy) if dy else math.inf
     s = min(sx, sy)
     return cx + dx * s, cy + dy * s
@@ -229,7 +232,8 @@ def render_svg(graph: WaitGraph) -> Markup:
     """The graph as an `<svg>` element; presentation via classes defined in app.css."""
     if not graph.nodes:
         return Markup("")
-    width = max(n.x for n in graph.nodes) + BOX_W + PAD
+    bw = graph.box_w
+    width = max(n.x for n in graph.nodes) + bw + PAD
     height = max(n.y for n in graph.nodes) + BOX_H + PAD + 10
     by_id = {n.id: n for n in graph.nodes}
     pairs = {(e.src, e.dst) for e in graph.edges}
@@ -245,10 +249,10 @@ def render_svg(graph: WaitGraph) -> Markup:
     ]
     for e in graph.edges:
         a, b = by_id[e.src], by_id[e.dst]
-        bx, by = b.x + BOX_W / 2, b.y + BOX_H / 2
-        ax, ay = a.x + BOX_W / 2, a.y + BOX_H / 2
-        x1, y1 = _border_point(a, bx, by)
-        x2, y2 = _border_point(b, ax, ay)
+        bx, by = b.x + bw / 2, b.y + BOX_H / 2
+        ax, ay = a.x + bw / 2, a.y + BOX_H / 2
+        x1, y1 = _border_point(a, bw, bx, by)
+        x2, y2 = _border_point(b, bw, ax, ay)
         # Bend edges that would overlap: two-way pairs and same-column edges.
         bend = 0.0
         if (e.dst, e.src) in pairs or a.layer == b.layer:
@@ -271,8 +275,8 @@ def render_svg(graph: WaitGraph) -> Markup:
         parts.append(
             f'<g class="wf-node wf-{n.kind}" data-ranks="{escape(rank_ranges(n.ranks))}">'
             f"<title>{escape(tip)}</title>"
-            f'<rect x="{_f(n.x)}" y="{_f(n.y)}" width="{BOX_W}" height="{BOX_H}" rx="6"/>'
-            f'<text x="{_f(n.x + BOX_W / 2)}" y="{_f(n.y + BOX_H / 2 + 5)}" '
+            f'<rect x="{_f(n.x)}" y="{_f(n.y)}" width="{_f(bw)}" height="{BOX_H}" rx="6"/>'
+            f'<text x="{_f(n.x + bw / 2)}" y="{_f(n.y + BOX_H / 2 + 5)}" '
             f'text-anchor="middle">{escape(n.label)}</text></g>'
         )
     parts.append("</svg>")

@@ -1,0 +1,233 @@
+"""The JSON API. Every response model is in `schemas`, so /docs describes it."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from hangwatch.server.app_state import ServerContext
+from hangwatch.server.store import IncidentRow
+from hangwatch.server.web import bundle, live, prom, schemas
+
+router = APIRouter()
+
+MAX_LIMIT = 1000
+
+
+def ctx_of(request: Request) -> ServerContext:
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
+
+
+def parse_time(value: str | None, name: str) -> float | None:
+    """Unix seconds, or ISO 8601 (naive means UTC); a clear 422 otherwise."""
+    if value is None or value.strip() == "":
+        return None
+    v = value.strip()
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    try:
+        t = _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise HTTPException(
+            422, f"{name}={value!r}: expected unix seconds or an ISO 8601 time"
+        ) from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.UTC)
+    return t.timestamp()
+
+
+def incident_summary(row: IncidentRow) -> schemas.IncidentSummary:
+    return schemas.IncidentSummary(
+        id=row.id,
+        job=row.job_id,
+        created=row.created,
+        status=row.status,
+        trigger=row.trigger,
+        verdict=row.verdict,
+        summary=row.summary,
+        lagging_ranks=row.lagging_ranks,
+        detection_s=row.detection_s,
+    )
+
+
+def incident_detail(row: IncidentRow) -> schemas.IncidentDetail:
+    return schemas.IncidentDetail(
+        **incident_summary(row).model_dump(),
+        reason=row.reason,
+        updated=row.updated,
+        ranks_expected=row.ranks_expected,
+        ranks_dumped=row.ranks_dumped,
+        ranks_unreachable=row.ranks_unreachable,
+        error=row.error,
+        report=row.report,
+    )
+
+
+def list_incident_rows(
+    ctx: ServerContext,
+    *,
+    job: str | None,
+    since: str | None,
+    until: str | None,
+    verdict: str | None,
+    status: str | None = None,
+    limit: int,
+) -> list[IncidentRow]:
+    return ctx.store.list_incidents(
+        job_id=job or None,
+        since=parse_time(since, "since"),
+        until=parse_time(until, "until"),
+        verdict=verdict or None,
+        status=status or None,
+        limit=limit,
+    )
+
+
+def job_ranks_or_404(ctx: ServerContext, job: str) -> schemas.JobRanks:
+    snap = ctx.registry.snapshot(job)
+    if snap is not None:
+        return live.job_ranks(snap, ctx.registry.oldest_in_flight_age(job))
+    if any(j.job_id == job for j in ctx.store.list_jobs()):
+        return schemas.JobRanks(job=job, live=False, ranks=[])
+    raise HTTPException(404, f"unknown job {job!r}")
+
+
+def incident_or_404(ctx: ServerContext, incident_id: str) -> IncidentRow:
+    row = ctx.store.get_incident(incident_id)
+    if row is None:
+        raise HTTPException(404, f"unknown incident {incident_id!r}")
+    return row
+
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": schemas.ErrorBody, "description": "No such job or incident."}
+}
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": schemas.ErrorBody, "description": "Token missing or wrong."}
+}
+
+
+@router.get("/api/jobs", response_model=list[schemas.JobSummary], responses=UNAUTHORIZED)
+def api_jobs(request: Request) -> list[schemas.JobSummary]:
+    """Jobs with live state, then jobs known only from stored incidents."""
+    ctx = ctx_of(request)
+    return live.job_summaries(ctx.registry, ctx.store)
+
+
+@router.get(
+    "/api/jobs/{job}/ranks",
+    response_model=schemas.JobRanks,
+    responses={**NOT_FOUND, **UNAUTHORIZED},
+)
+def api_job_ranks(job: str, request: Request) -> schemas.JobRanks:
+    """Live progress per rank and group, stalled groups and agents of one job."""
+    return job_ranks_or_404(ctx_of(request), job)
+
+
+@router.get("/api/incidents", response_model=list[schemas.IncidentSummary], responses=UNAUTHORIZED)
+def api_incidents(
+    request: Request,
+    job: Annotated[str | None, Query(description="Only this job.")] = None,
+    since: Annotated[
+        str | None, Query(description="Created at or after: unix seconds or ISO 8601 (UTC).")
+    ] = None,
+    until: Annotated[
+        str | None, Query(description="Created at or before: unix seconds or ISO 8601 (UTC).")
+    ] = None,
+    verdict: Annotated[
+        str | None, Query(description="hang, mismatch, healthy or no-culprit-visible.")
+    ] = None,
+    status: Annotated[str | None, Query(description="collecting, analyzed or failed.")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+) -> list[schemas.IncidentSummary]:
+    """Incidents, newest first."""
+    rows = list_incident_rows(
+        ctx_of(request),
+        job=job,
+        since=since,
+        until=until,
+        verdict=verdict,
+        status=status,
+        limit=limit,
+    )
+    return [incident_summary(r) for r in rows]
+
+
+@router.get(
+    "/api/incidents/{incident_id}",
+    response_model=schemas.IncidentDetail,
+    responses={**NOT_FOUND, **UNAUTHORIZED},
+)
+def api_incident(incident_id: str, request: Request) -> schemas.IncidentDetail:
+    """One incident: store facts plus the analyzer's full report and per-rank evidence."""
+    return incident_detail(incident_or_404(ctx_of(request), incident_id))
+
+
+@router.get(
+    "/api/incidents/{incident_id}/bundle",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "The bundle as .tar.gz."},
+        **NOT_FOUND,
+        **UNAUTHORIZED,
+    },
+)
+def api_incident_bundle(incident_id: str, request: Request) -> StreamingResponse:
+    """The incident's bundle directory as a .tar.gz (regular files only; links skipped)."""
+    ctx = ctx_of(request)
+    row = incident_or_404(ctx, incident_id)
+    try:
+        root = ctx.store.incident_dir(row.id)
+        chunks = bundle.stream_bundle(root, row.id)
+    except (ValueError, bundle.BundleMissing):
+        raise HTTPException(404, f"incident {incident_id!r} has no bundle on this server") from None
+    return StreamingResponse(
+        chunks,
+        media_type="application/gzip",
+        headers={"content-disposition": f'attachment; filename="{row.id}.tar.gz"'},
+    )
+
+
+@router.get("/healthz", response_model=schemas.Health, tags=["probes"])
+def healthz() -> schemas.Health:
+    """Liveness: the HTTP server answers. Never needs a token."""
+    return schemas.Health(ok=True)
+
+
+@router.get(
+    "/readyz",
+    response_model=schemas.Ready,
+    tags=["probes"],
+    responses={503: {"model": schemas.Ready, "description": "Not ready."}},
+)
+def readyz(request: Request) -> JSONResponse:
+    """Readiness: the incident store answers and the gRPC endpoint is bound."""
+    ctx = ctx_of(request)
+    try:
+        ctx.store.journal_mode()
+    except Exception:
+        return _ready(False, "incident store unavailable")
+    if not ctx.grpc_address:
+        return _ready(False, "gRPC endpoint not bound yet")
+    return _ready(True, "")
+
+
+def _ready(ok: bool, detail: str) -> JSONResponse:
+    body = schemas.Ready(ready=ok, detail=detail).model_dump()
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {prom.CONTENT_TYPE: {}}}, **UNAUTHORIZED},
+)
+def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text format."""
+    ctx = ctx_of(request)
+    return PlainTextResponse(prom.render(ctx.metrics, ctx.registry), media_type=prom.CONTENT_TYPE)

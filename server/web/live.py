@@ -1,0 +1,219 @@
+"""The live job view: the registry's snapshot turned into API models and heat-map cells.
+
+The JSON API and the server-rendered page use these same functions, and the
+page's script only re-applies `lag_bucket`, so a cell's colour means the same
+thing on first paint and after every refresh.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from hangwatch.server.state import GroupLive, JobRegistry, JobSnapshot, RankLive
+from hangwatch.server.store import IncidentStore
+from hangwatch.server.web import schemas
+from hangwatch.server.web.fmt import age
+
+DEAD_STATES = frozenset({"stopped", "zombie", "gone"})
+# Lag buckets: under gloo a hung job is usually "1 behind" (everyone else is
+# blocked waiting), so 1 already gets a colour of its own.
+LAG_EDGES = ((0, "lag0"), (1, "lag1"), (2, "lag2"), (5, "lag3"), (20, "lag4"))
+
+
+def progress_lag(r: RankLive, groups: dict[str, GroupLive]) -> int:
+    """Collectives behind the furthest member, over completed AND enqueued counts.
+
+    Completed counts alone miss the classic hang: the culprit never enqueues
+    #N, so nobody completes it and every rank shows the same last completed.
+    """
+    lag = r.lag
+    for rg in r.groups:
+        g = groups.get(rg.group)
+        if g is None:
+            continue
+        lag = max(lag, g.max_completed - rg.last_completed, g.max_enqueued - rg.last_enqueued)
+    return max(0, lag)
+
+
+def lag_bucket(r: RankLive, lag: int) -> str:
+    if not r.observed:
+        return "unobserved"
+    if r.process_state in DEAD_STATES:
+        return "dead"
+    bucket = "lag0"
+    for edge, name in LAG_EDGES:
+        if lag >= edge:
+            bucket = name
+    return bucket
+
+
+def _oldest(r: RankLive) -> tuple[str, int | None, float | None]:
+    best: tuple[str, int | None, float | None] = ("", None, None)
+    for g in r.groups:
+        if g.in_flight_age_s is not None and (best[2] is None or g.in_flight_age_s > best[2]):
+            best = (g.in_flight_op, g.in_flight_seq, g.in_flight_age_s)
+    return best
+
+
+def rank_state(r: RankLive, suspects: set[int], groups: dict[str, GroupLive]) -> schemas.RankState:
+    op, seq, in_age = _oldest(r)
+    lag = progress_lag(r, groups)
+    return schemas.RankState(
+        rank=r.rank,
+        host=r.host,
+        pid=r.pid,
+        agent_id=r.agent_id,
+        connected=r.connected,
+        observed=r.observed,
+        process_state=r.process_state,
+        lag=lag,
+        lag_bucket=lag_bucket(r, lag),
+        last_completed=r.groups[0].last_completed if r.groups else None,
+        in_flight_op=op,
+        in_flight_seq=seq,
+        in_flight_age_s=in_age,
+        last_report_age_s=r.last_report_age_s,
+        suspect=r.rank in suspects,
+        groups=[
+            schemas.RankGroupState(
+                group=g.group,
+                last_enqueued=g.last_enqueued,
+                last_completed=g.last_completed,
+                in_flight_seq=g.in_flight_seq,
+                in_flight_op=g.in_flight_op,
+                in_flight_age_s=g.in_flight_age_s,
+            )
+            for g in r.groups
+        ],
+    )
+
+
+def tooltip(r: schemas.RankState) -> str:
+    """The cell's hover text; app.js builds the same string from the same fields."""
+    parts = [f"rank {r.rank}", r.host, r.process_state]
+    if not r.observed:
+        parts.append("unobserved (agent lost)")
+    parts.append(f"lag {r.lag}")
+    if r.last_completed is not None:
+        parts.append(f"last completed #{r.last_completed}")
+    if r.in_flight_op:
+        parts.append(f"in flight {r.in_flight_op} #{r.in_flight_seq} for {age(r.in_flight_age_s)}")
+    if r.suspect:
+        parts.append("has not entered a stalled collective")
+    return " | ".join(parts)
+
+
+def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
+    suspects = {r for st in snap.stalled for r in st.not_entered_ranks}
+    by_name = {g.name: g for g in snap.groups}
+    descs = {g.name: g.desc for g in snap.groups}
+    registered = {r.rank for r in snap.ranks}
+    missing = [r for r in range(snap.world_size or 0) if r not in registered]
+    return schemas.JobRanks(
+        job=snap.job_id,
+        live=True,
+        world_size=snap.world_size,
+        ranks=[rank_state(r, suspects, by_name) for r in snap.ranks],
+        missing_ranks=missing,
+        groups=[
+            schemas.GroupState(
+                name=g.name,
+                desc=g.desc,
+                ranks=g.ranks,
+                max_completed=g.max_completed,
+                min_completed=g.min_completed,
+                max_enqueued=g.max_enqueued,
+                no_progress_for_s=g.no_progress_for_s,
+            )
+            for g in snap.groups
+        ],
+        stalled=[
+            schemas.StalledState(
+                group=st.group,
+                group_desc=descs.get(st.group, ""),
+                seq=st.seq,
+                op=st.op,
+                kind=st.kind,
+                waiting_ranks=st.waiting_ranks,
+                not_entered_ranks=st.not_entered_ranks,
+                dead_ranks=st.dead_ranks,
+                unobserved_ranks=st.unobserved_ranks,
+                stalled_for_s=st.stalled_for_s,
+                over_timeout=st.over_timeout,
+            )
+            for st in snap.stalled
+        ],
+        agents=[
+            schemas.AgentState(
+                agent_id=a.agent_id,
+                host=a.host,
+                ranks=a.ranks,
+                connected=a.connected,
+                watching=a.watching,
+                last_report_age_s=a.last_report_age_s,
+            )
+            for a in sorted(snap.agents, key=lambda a: (a.connected, _natural(a.agent_id)))
+        ],
+        open_incident=snap.open_incident,
+        oldest_inflight_age_s=oldest,
+    )
+
+
+def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.JobSummary]:
+    """Live jobs first (by name), then jobs known only from stored incidents."""
+    stored = {j.job_id: j for j in store.list_jobs()}
+    out: list[schemas.JobSummary] = []
+    for job_id in registry.jobs():
+        snap = registry.snapshot(job_id)
+        if snap is None:  # evicted between the two calls
+            continue
+        row = stored.pop(job_id, None)
+        out.append(
+            schemas.JobSummary(
+                job=job_id,
+                live=True,
+                world_size=snap.world_size,
+                ranks_registered=len(snap.ranks),
+                ranks_observed=sum(1 for r in snap.ranks if r.observed),
+                agents_connected=sum(1 for a in snap.agents if a.connected),
+                agents_total=len(snap.agents),
+                stalled_groups=len(snap.stalled),
+                oldest_inflight_age_s=registry.oldest_in_flight_age(job_id),
+                open_incident=snap.open_incident,
+                incidents=row.incidents if row else 0,
+                first_seen=row.first_seen if row else None,
+                last_seen=row.last_seen if row else None,
+            )
+        )
+    out.extend(
+        schemas.JobSummary(
+            job=row.job_id,
+            live=False,
+            incidents=row.incidents,
+            first_seen=row.first_seen,
+            last_seen=row.last_seen,
+        )
+        for row in stored.values()
+    )
+    return out
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """ "agent-2" before "agent-10"."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    )
+
+
+def heat_columns(n: int) -> str:
+    """A wide fixed grid for big jobs so rank i sits at a predictable spot."""
+    return "large" if n > 256 else ""
+
+
+def ranks_or_missing(job: schemas.JobRanks) -> Iterable[tuple[int, schemas.RankState | None]]:
+    """Every rank slot in order, registered or not, for the heat map."""
+    by_rank = {r.rank: r for r in job.ranks}
+    top = max([*by_rank, *job.missing_ranks, (job.world_size or 0) - 1], default=-1)
+    for i in range(top + 1):
+        yield i, by_rank.get(i)

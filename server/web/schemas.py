@@ -1,0 +1,150 @@
+"""Response models of the JSON API; they are what /docs and /openapi.json describe.
+
+The incident report itself is the analyzer's `Report` dataclass (schema
+`hangwatch.report/1`), embedded as is, so a client can feed `report` straight
+to `Report.from_dict`.
+"""
+
+from __future__ import annotations
+
+from hangwatch.analyzer.report import Report
+from pydantic import BaseModel, Field
+
+
+class JobSummary(BaseModel):
+    job: str
+    live: bool = Field(description="The coordinator holds live state for it (agents registered).")
+    world_size: int | None = None
+    ranks_registered: int = 0
+    ranks_observed: int = Field(0, description="Ranks whose agent is connected.")
+    agents_connected: int = 0
+    agents_total: int = 0
+    stalled_groups: int = 0
+    oldest_inflight_age_s: float | None = Field(
+        None, description="Largest in-flight collective age over observed ranks, seconds."
+    )
+    open_incident: str | None = None
+    incidents: int = Field(0, description="Incidents stored for this job.")
+    first_seen: float | None = Field(None, description="Unix seconds (store).")
+    last_seen: float | None = Field(None, description="Unix seconds (store).")
+
+
+class RankGroupState(BaseModel):
+    group: str
+    last_enqueued: int
+    last_completed: int
+    in_flight_seq: int | None = None
+    in_flight_op: str = ""
+    in_flight_age_s: float | None = None
+
+
+class RankState(BaseModel):
+    rank: int
+    host: str
+    pid: int
+    agent_id: str
+    connected: bool = Field(description="Its agent's session is live.")
+    observed: bool = Field(description="False when its agent is lost: unobserved, not guilty.")
+    process_state: str
+    lag: int = Field(
+        description="Collectives behind the furthest member of any of its groups, counting "
+        "both completed and enqueued collectives."
+    )
+    lag_bucket: str = Field(description="Heat-map colour class: lag0..lag4, dead or unobserved.")
+    last_completed: int | None = Field(
+        None, description="Last completed seq in the rank's first (default) group."
+    )
+    in_flight_op: str = ""
+    in_flight_seq: int | None = None
+    in_flight_age_s: float | None = Field(None, description="Oldest in-flight collective age.")
+    last_report_age_s: float | None = None
+    suspect: bool = Field(False, description="Named by a stalled group as not having entered.")
+    groups: list[RankGroupState] = Field(default_factory=list)
+
+
+class GroupState(BaseModel):
+    name: str
+    desc: str
+    ranks: list[int]
+    max_completed: int
+    min_completed: int
+    max_enqueued: int
+    no_progress_for_s: float
+
+
+class StalledState(BaseModel):
+    group: str
+    group_desc: str = ""
+    seq: int
+    op: str
+    kind: str = Field(description="stall | rank-lost | agent-lost")
+    waiting_ranks: list[int]
+    not_entered_ranks: list[int]
+    dead_ranks: list[int] = Field(default_factory=list)
+    unobserved_ranks: list[int] = Field(default_factory=list)
+    stalled_for_s: float
+    over_timeout: bool
+
+
+class AgentState(BaseModel):
+    agent_id: str
+    host: str
+    ranks: list[int]
+    connected: bool
+    watching: bool = Field(description="Has its command stream open.")
+    last_report_age_s: float | None = None
+
+
+class JobRanks(BaseModel):
+    job: str
+    live: bool
+    world_size: int | None = None
+    ranks: list[RankState]
+    missing_ranks: list[int] = Field(
+        default_factory=list, description="Ranks below world_size that no agent registered."
+    )
+    groups: list[GroupState] = Field(default_factory=list)
+    stalled: list[StalledState] = Field(default_factory=list)
+    agents: list[AgentState] = Field(default_factory=list)
+    open_incident: str | None = None
+    oldest_inflight_age_s: float | None = None
+
+
+class IncidentSummary(BaseModel):
+    id: str
+    job: str
+    created: float = Field(description="Unix seconds.")
+    status: str = Field(description="collecting | analyzed | failed")
+    trigger: str
+    verdict: str | None = None
+    summary: str | None = None
+    lagging_ranks: list[int] = Field(default_factory=list)
+    detection_s: float | None = None
+
+
+class IncidentDetail(IncidentSummary):
+    reason: str
+    updated: float
+    ranks_expected: list[int] = Field(default_factory=list)
+    ranks_dumped: list[int] = Field(default_factory=list)
+    ranks_unreachable: dict[int, str] = Field(
+        default_factory=dict, description="Rank -> why no dump could be taken from it."
+    )
+    error: str | None = None
+    report: Report | None = Field(
+        None,
+        description="The analyzer's report, schema hangwatch.report/1 (null until analysed).",
+    )
+
+
+class Health(BaseModel):
+    ok: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+    detail: str = ""
+
+
+class ErrorBody(BaseModel):
+    detail: str

@@ -1,0 +1,255 @@
+// hangwatch dashboard: keeps the server-rendered pages fresh by polling the JSON API.
+// Every value from the API is untrusted (it comes from dumps and agents): it is only
+// ever written with textContent or setAttribute, never as HTML.
+"use strict";
+
+(function () {
+  const POLL_MS = 1500;
+
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function link(href, text) {
+    const a = el("a", text);
+    a.setAttribute("href", href);
+    return a;
+  }
+
+  function age(s) {
+    if (s === null || s === undefined) return "-";
+    if (s < 1) return Math.round(s * 1000) + " ms";
+    if (s < 120) return s.toFixed(1) + " s";
+    if (s < 7200) return (s / 60).toFixed(1) + " min";
+    return (s / 3600).toFixed(1) + " h";
+  }
+
+  function ranges(ranks, limit) {
+    const rs = Array.from(new Set(ranks || [])).sort((a, b) => a - b);
+    if (!rs.length) return "none";
+    const spans = [];
+    let start = rs[0], prev = rs[0];
+    for (const r of rs.slice(1)) {
+      if (r === prev + 1) { prev = r; continue; }
+      spans.push([start, prev]); start = prev = r;
+    }
+    spans.push([start, prev]);
+    const shown = limit ? spans.slice(0, limit) : spans;
+    let text = shown.map(([a, b]) => (a === b ? String(a) : a + "-" + b)).join(", ");
+    if (shown.length < spans.length) {
+      const rest = spans.slice(shown.length).reduce((n, [a, b]) => n + b - a + 1, 0);
+      text += " (+" + rest + " more)";
+    }
+    return text;
+  }
+
+  function when(unix) {
+    if (unix === null || unix === undefined) return "unknown";
+    return new Date(unix * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  }
+
+  function setLive(ok) {
+    const s = document.getElementById("live-status");
+    if (!s) return;
+    s.textContent = ok ? "live · updated " + new Date().toLocaleTimeString() : "live · connection lost, retrying";
+    s.classList.toggle("stale", !ok);
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+    return r.json();
+  }
+
+  function poll(fn) {
+    let busy = false;
+    async function tick() {
+      if (busy || document.hidden) return;
+      busy = true;
+      try { await fn(); setLive(true); } catch (e) { setLive(false); } finally { busy = false; }
+    }
+    setInterval(tick, POLL_MS);
+  }
+
+  function fillBody(table, rows, emptyText, ncols) {
+    const tbody = table.tBodies[0];
+    const frag = document.createDocumentFragment();
+    if (!rows.length) {
+      const tr = el("tr", null, "empty");
+      const td = el("td", emptyText, "muted");
+      td.setAttribute("colspan", String(ncols));
+      tr.appendChild(td);
+      frag.appendChild(tr);
+    }
+    for (const cells of rows) {
+      const tr = el("tr");
+      for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+      frag.appendChild(tr);
+    }
+    tbody.replaceChildren(frag);
+  }
+
+  function td(child, cls) {
+    const t = el("td", null, cls);
+    if (child instanceof Node) t.appendChild(child); else t.textContent = String(child);
+    return t;
+  }
+
+  // ---- job page: heat map, stalled table, groups, agents ----
+  function tooltip(r) {
+    const parts = ["rank " + r.rank, r.host, r.process_state];
+    if (!r.observed) parts.push("unobserved (agent lost)");
+    parts.push("lag " + r.lag);
+    if (r.last_completed !== null && r.last_completed !== undefined) parts.push("last completed #" + r.last_completed);
+    if (r.in_flight_op) parts.push("in flight " + r.in_flight_op + " #" + r.in_flight_seq + " for " + age(r.in_flight_age_s));
+    if (r.suspect) parts.push("has not entered a stalled collective");
+    return parts.join(" | ");
+  }
+
+  function updateHeatmap(job) {
+    const grid = document.getElementById("heatmap");
+    if (!grid) return;
+    const byRank = new Map(job.ranks.map((r) => [r.rank, r]));
+    let top = (job.world_size || 0) - 1;
+    for (const r of job.ranks) top = Math.max(top, r.rank);
+    for (const r of job.missing_ranks) top = Math.max(top, r);
+    const n = top + 1;
+    if (grid.children.length !== n) {
+      const frag = document.createDocumentFragment();
+      for (let i = 0; i < n; i++) {
+        const c = el("div", null, "cell");
+        c.setAttribute("role", "listitem");
+        c.setAttribute("data-rank", String(i));
+        frag.appendChild(c);
+      }
+      grid.replaceChildren(frag);
+      grid.classList.toggle("large", n > 256);
+    }
+    for (let i = 0; i < n; i++) {
+      const cell = grid.children[i];
+      const r = byRank.get(i);
+      const cls = "cell " + (r ? r.lag_bucket : "unobserved") + (r && r.suspect ? " stalled" : "");
+      if (cell.className !== cls) cell.className = cls;
+      const tip = r ? tooltip(r) : "rank " + i + " | not registered by any agent";
+      if (cell.getAttribute("title") !== tip) cell.setAttribute("title", tip);
+    }
+  }
+
+  function jobPage() {
+    const job = document.body.getAttribute("data-job");
+    const url = "/api/jobs/" + encodeURIComponent(job) + "/ranks";
+    poll(async () => {
+      const j = await getJSON(url);
+      updateHeatmap(j);
+      const set = (id, v) => { const e = document.getElementById(id); if (e) e.textContent = v; };
+      set("world-size", j.world_size === null ? "unknown" : j.world_size);
+      set("ranks-registered", j.ranks.length);
+      set("oldest-inflight", age(j.oldest_inflight_age_s));
+      const oi = document.getElementById("open-incident");
+      if (oi) oi.replaceChildren(j.open_incident ? link("/incidents/" + encodeURIComponent(j.open_incident), j.open_incident) : document.createTextNode("none"));
+      const st = document.getElementById("stalled-table");
+      if (st) {
+        fillBody(st, j.stalled.map((s) => [
+          td(s.group + (s.group_desc ? " " + s.group_desc : ""), "mono"), td(s.op, "mono"), td("#" + s.seq, "num"), td(s.kind),
+          td(ranges(s.waiting_ranks, 4)), td(ranges(s.not_entered_ranks, 4), "bad"),
+          td(s.dead_ranks.length ? ranges(s.dead_ranks, 4) : "-"), td(s.unobserved_ranks.length ? ranges(s.unobserved_ranks, 4) : "-"),
+          td(age(s.stalled_for_s), "num"),
+        ]), "Nothing stalled.", 9);
+        for (const [i, s] of j.stalled.entries()) st.tBodies[0].rows[i].className = s.over_timeout ? "bad" : "";
+      }
+      const gt = document.getElementById("groups-table");
+      if (gt) {
+        fillBody(gt, j.groups.map((g) => [
+          td(g.name, "mono"), td(g.desc, "mono"), td(ranges(g.ranks, 4) + " (" + g.ranks.length + ")"),
+          td("#" + g.min_completed, "num"), td("#" + g.max_completed, "num"), td("#" + g.max_enqueued, "num"),
+          td(age(g.no_progress_for_s), "num"),
+        ]), "No groups.", 7);
+      }
+      set("agents-summary", j.agents.filter((a) => a.connected).length + " of " + j.agents.length + " connected");
+      const at = document.getElementById("agents-table");
+      if (at) {
+        // Lost agents first: they are the ones to look at.
+        j.agents.sort((a, b) => Number(a.connected) - Number(b.connected));
+        fillBody(at, j.agents.map((a) => [
+          td(a.agent_id, "mono"), td(a.host), td(ranges(a.ranks, 4)),
+          td(a.connected ? "connected" : "lost", a.connected ? "ok" : "bad"),
+          td(a.watching ? "open" : "closed"), td(age(a.last_report_age_s) + " ago", "num"),
+        ]), "No agents.", 6);
+      }
+    });
+  }
+
+  // ---- incident lists (jobs page and incidents page) ----
+  function incidentRows(items) {
+    return items.map((i) => {
+      const verdict = i.verdict ? el("span", i.verdict, "badge badge-" + i.verdict) : "-";
+      return [
+        td(link("/incidents/" + encodeURIComponent(i.id), when(i.created))),
+        td(link("/jobs/" + encodeURIComponent(i.job), i.job)),
+        td(verdict),
+        td(i.summary || ""),
+        td(i.lagging_ranks.length ? ranges(i.lagging_ranks, 4) : "-"),
+        td(el("span", i.status, "badge badge-" + i.status)),
+      ];
+    });
+  }
+
+  function incidentsQuery() {
+    const form = document.getElementById("filters");
+    const q = new URLSearchParams();
+    if (form) {
+      for (const [k, v] of new FormData(form).entries()) if (v) q.set(k, String(v));
+    } else {
+      q.set("limit", "10");
+    }
+    return q;
+  }
+
+  function incidentsPage() {
+    poll(async () => {
+      const items = await getJSON("/api/incidents?" + incidentsQuery().toString());
+      fillBody(document.getElementById("incidents-table"), incidentRows(items), "No incidents.", 6);
+    });
+  }
+
+  function jobsPage() {
+    poll(async () => {
+      const [jobs, items] = await Promise.all([
+        getJSON("/api/jobs"),
+        getJSON("/api/incidents?limit=10"),
+      ]);
+      fillBody(document.getElementById("jobs-table"), jobs.map((j) => [
+        td(link("/jobs/" + encodeURIComponent(j.job), j.job)),
+        td(el("span", j.live ? "live" : "history", j.live ? "badge badge-healthy" : "badge")),
+        td(j.world_size === null ? "-" : j.world_size, "num"),
+        td(j.agents_connected + "/" + j.agents_total, "num"),
+        td(j.ranks_observed + "/" + j.ranks_registered, "num"),
+        td(j.stalled_groups, "num" + (j.stalled_groups ? " bad" : "")),
+        td(age(j.oldest_inflight_age_s), "num"),
+        td(j.open_incident ? link("/incidents/" + encodeURIComponent(j.open_incident), j.open_incident) : "-"),
+        td(j.incidents, "num"),
+      ]), "No job has reported yet.", 9);
+      fillBody(document.getElementById("incidents-table"), incidentRows(items), "No incidents.", 6);
+    });
+  }
+
+  // A pending incident page reloads itself once the verdict is stored.
+  function pendingPage() {
+    const id = decodeURIComponent(location.pathname.split("/").pop());
+    poll(async () => {
+      const i = await getJSON("/api/incidents/" + encodeURIComponent(id));
+      if (i.status !== "collecting") location.reload();
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    const page = document.body.getAttribute("data-page");
+    if (page === "job") jobPage();
+    else if (page === "incidents") incidentsPage();
+    else if (page === "jobs") jobsPage();
+    else if (page === "incident-pending") pendingPage();
+  });
+})();

@@ -1,0 +1,249 @@
+"""Real pieces for dashboard tests: a SQLite store on disk, a job registry fed
+through its gRPC-facing methods with real protobuf messages, and uvicorn on an
+OS-chosen port in a thread. Reusable by the lead's live-demo browser test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from hangwatch.analyzer.report import (
+    CollectiveRef,
+    Finding,
+    Frame,
+    GroupProgress,
+    RankEvidence,
+    Report,
+    StalledCollective,
+    WaitEdge,
+)
+from hangwatch.server.app_state import ServerContext
+from hangwatch.server.metrics import Metrics
+from hangwatch.server.state import JobRegistry
+from hangwatch.server.store import IncidentStore
+
+from hangwatch.config import Config
+from hangwatch.wire import pb
+
+HOSTILE_FRAME = "<script>alert(1)</script>"
+HOSTILE_FILE = '"><img src=x onerror=alert(2)>'
+HOSTILE_DESC = "default_pg</td><script>alert(3)</script>"
+
+
+def make_context(data_dir: Path, *, token: str | None = None) -> ServerContext:
+    config = Config(data_dir=str(data_dir), token=token, stall_timeout=5.0)
+    store = IncidentStore.in_dir(data_dir)
+    registry = JobRegistry(agent_lost_timeout=10.0, stall_timeout=5.0)
+    return ServerContext(
+        config=config,
+        store=store,
+        registry=registry,
+        data_dir=data_dir,
+        metrics=Metrics(),
+        grpc_address="127.0.0.1:1",
+    )
+
+
+def feed_job(
+    registry: JobRegistry,
+    *,
+    job: str,
+    world: int,
+    stuck: int,
+    seq: int = 42,
+    ranks_per_agent: int = 8,
+    group_desc: str = "default_pg",
+) -> None:
+    """Register agents for `world` ranks of one default group and report a hang:
+    every rank completed seq-1; all but `stuck` entered `seq` (in flight 12 s)."""
+    for first in range(0, world, ranks_per_agent):
+        ranks = range(first, min(world, first + ranks_per_agent))
+        agent = f"agent-{first // ranks_per_agent}"
+        req = pb.RegisterRequest(
+            job_id=job,
+            agent_id=agent,
+            host=f"node{first // ranks_per_agent}",
+            agent_version="test",
+            ranks=[
+                pb.RankInfo(
+                    rank=r,
+                    local_rank=r - first,
+                    world_size=world,
+                    pid=10_000 + r,
+                    backend="gloo",
+                    torch_version="2.13.0",
+                    fr_source="worker-server",
+                    groups=[
+                        pb.GroupInfo(name="0", desc=group_desc, pg_id=0, ranks=list(range(world)))
+                    ],
+                )
+                for r in ranks
+            ],
+        )
+        session = registry.register(req)
+        progress = []
+        for r in ranks:
+            gp = pb.GroupProgress(
+                group="0",
+                last_enqueued=seq if r != stuck else seq - 1,
+                last_completed=seq - 1,
+            )
+            if r != stuck:
+                gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=seq, op="all_reduce", age_s=12.0))
+            progress.append(
+                pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp], fr_age_s=0.1)
+            )
+        registry.report_progress(
+            pb.ProgressReport(
+                job_id=job, agent_id=agent, session_id=session, report_seq=1, ranks=progress
+            )
+        )
+
+
+def hang_report(*, world: int, stuck: int, seq: int = 42, hostile: bool = False) -> Report:
+    """The report the analyzer gives for "rank `stuck` never entered all_reduce #seq"."""
+    frame_name = HOSTILE_FRAME if hostile else "train_step"
+    filename = HOSTILE_FILE if hostile else "train.py"
+    desc = HOSTILE_DESC if hostile else "default_pg"
+    others = [r for r in range(world) if r != stuck]
+    evidence = {}
+    for r in range(world):
+        entered = (
+            None
+            if r == stuck
+            else CollectiveRef(group="0", seq=seq, op="all_reduce", state="scheduled")
+        )
+        evidence[r] = RankEvidence(
+            rank=r,
+            host=f"node{r // 8}",
+            pid=10_000 + r,
+            process_state="running",
+            last_completed=CollectiveRef(group="0", seq=seq - 1, op="all_gather", state="retired"),
+            last_entered=entered,
+            frames=[Frame(name=frame_name, filename=filename, line=17)] if entered else [],
+            stacks=(
+                f'Thread 0x1 (idle): "MainThread"\n    slow_data_loader ({filename}:88)\n    {frame_name} (train.py:12)\n'
+                if r == stuck
+                else 'Thread 0x1 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2950)\n    train_step (train.py:17)\n'
+            ),
+            gpu={"available": False, "reason": "no NVML on this host"},
+            sources={
+                "fr": "worker-server",
+                "stacks": "py-spy" if r == stuck else "worker-server",
+                "gpu": "none",
+            },
+        )
+    return Report(
+        verdict="hang",
+        summary=f"Rank {stuck} never entered all_reduce #{seq} of group 0 ({desc}); {world - 1} ranks wait for it.",
+        stalled_collective=StalledCollective(
+            group="0",
+            group_desc=desc,
+            group_ranks=list(range(world)),
+            seq=seq,
+            op="all_reduce",
+            profiling_name="gloo:all_reduce",
+            entered_ranks=others,
+            completed_ranks=[],
+            missing_ranks=[stuck],
+            input_sizes=[[1024]],
+            dtypes=["Float"],
+        ),
+        lagging_ranks=[stuck],
+        findings=[
+            Finding(
+                kind="not-entered",
+                ranks=[stuck],
+                group="0",
+                seq=seq,
+                detail=f"rank {stuck} last completed #{seq - 1} and has not enqueued #{seq}",
+            )
+        ],
+        ranks_loaded=list(range(world)),
+        groups=[
+            GroupProgress(
+                group="0",
+                group_desc=desc,
+                ranks=list(range(world)),
+                min_completed=seq - 1,
+                max_enqueued=seq,
+                lagging=[stuck],
+            )
+        ],
+        waits_for=[WaitEdge(waiter=r, waits_on=stuck, group="0", seq=seq) for r in others],
+        evidence=evidence,
+    )
+
+
+def insert_incident(
+    ctx: ServerContext, *, job: str, report: Report, created: float | None = None
+) -> str:
+    """Store an analysed incident and give it a small bundle on disk."""
+    world = len(report.ranks_loaded)
+    row = ctx.store.create_incident(
+        job_id=job,
+        reason="group 0 stalled at all_reduce #42",
+        trigger="stall",
+        ranks_expected=range(world),
+        created=created,
+    )
+    ctx.store.set_dump_outcome(row.id, ranks_dumped=report.ranks_loaded, ranks_unreachable={})
+    ctx.store.finish_incident(row.id, report=report, detection_s=13.5)
+    ctx.metrics.inc(
+        "hangwatch_incidents_total", labels={"verdict": report.verdict, "trigger": "stall"}
+    )
+    ctx.metrics.observe("hangwatch_detection_seconds", 13.5)
+    bundle = ctx.store.incident_dir(row.id)
+    (bundle / "rank_0").mkdir(parents=True, exist_ok=True)
+    (bundle / "incident.json").write_text(
+        json.dumps({"schema": "hangwatch.incident/1", "id": row.id})
+    )
+    (bundle / "rank_0" / "fr_trace_rank_0").write_bytes(b"\x80\x04}\x94." * 100)
+    (bundle / "rank_0" / "stacks.txt").write_text(report.evidence[0].stacks or "")
+    return row.id
+
+
+@contextlib.contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """uvicorn on 127.0.0.1, port chosen by the OS; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    )  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as e:  # surfaced to the test below
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="test-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if errors or not thread.is_alive():
+            raise RuntimeError(f"uvicorn did not start: {errors!r}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("uvicorn did not start within 10 s")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        if thread.is_alive():
+            raise RuntimeError("uvicorn did not stop within 10 s")
+        if errors:
+            raise RuntimeError(f"uvicorn failed: {errors!r}")
