@@ -157,7 +157,7 @@ def test_docker_images_are_consistent(
     exposed = {int(p) for p in server["EXPOSE"].split()}
     envs = dict(kv.split("=", 1) for kv in shlex.split(server["ENV"]))
     for name in ("HANGWATCH_GRPC_PORT", "HANGWATCH_HTTP_PORT"):
-        assert int(envs.get(name, config_defaults[name])) in exposed
+        assert int(str(envs.get(name, config_defaults[name]))) in exposed
     assert "/healthz" in server["HEALTHCHECK"] and "HANGWATCH_HTTP_PORT" in server["HEALTHCHECK"]
     assert "py-spy" in " ".join(rest for _, rest in stages["builder-agent"])
     runs = " ".join(rest for st in stages.values() for instr, rest in st if instr == "RUN")
