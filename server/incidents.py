@@ -506,30 +506,35 @@ class IncidentManager:
 
 
 def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
-    """Say in the verdict which ranks nobody could observe, and that they are
-    not blamed, unless the other ranks' FR evidence blames them."""
+    """Make the verdict say which ranks nobody could observe. Each gets an
+    `agent-unreachable` finding (unless the analyzer already gave one, from the
+    bundle's meta.json); those the FR evidence does not blame are called
+    unobserved, not guilty."""
     unobserved = sorted(r for r, why in unreachable.items() if why.startswith(_UNOBSERVED_PREFIXES))
     if not unobserved:
         return report
+    covered = {r for f in report.findings if f.kind == "agent-unreachable" for r in f.ranks}
     blamed = set(report.lagging_ranks)
-    innocent = [r for r in unobserved if r not in blamed]
-    if not innocent:
-        return report
-    reasons = sorted({unreachable[r] for r in innocent})
-    report.findings.append(
-        Finding(
-            kind="agent-unreachable",
-            ranks=innocent,
-            detail=(
-                f"no dump could be collected from ranks {fmt_ranks(innocent)} "
-                f"({'; '.join(reasons)[:500]}); they are unobserved, not blamed"
-            ),
+    missing = [r for r in unobserved if r not in covered]
+    if missing:
+        reasons = sorted({unreachable[r] for r in missing})
+        report.findings.append(
+            Finding(
+                kind="agent-unreachable",
+                ranks=missing,
+                detail=(
+                    f"no dump could be collected from ranks {fmt_ranks(missing)} "
+                    f"({'; '.join(reasons)[:500]}); they are unobserved"
+                ),
+            )
         )
-    )
-    report.summary = (
-        f"{report.summary.rstrip()} Ranks {fmt_ranks(innocent)} were unobserved "
-        f"(agent unreachable), not blamed."
-    ).strip()
+    innocent = [r for r in unobserved if r not in blamed]
+    note = f"Ranks {fmt_ranks(unobserved)} were unobserved (agent unreachable)"
+    if innocent and len(innocent) < len(unobserved):
+        note += f"; ranks {fmt_ranks(innocent)} are not blamed"
+    elif innocent:
+        note += " and are not blamed"
+    report.summary = f"{report.summary.rstrip()} {note}.".strip()
     return report
 
 

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+from hangwatch.server.detector import MemberProgress, find_group_stall
+
+
+def _p(rank: int, le: int, lc: int, **kw: object) -> MemberProgress:
+    return MemberProgress(
+        rank=rank, last_enqueued=le, last_completed=lc, in_flight_op="all_reduce", **kw
+    )  # type: ignore[arg-type]
+
+
+def test_one_rank_not_entered() -> None:
+    st = find_group_stall(
+        group="0",
+        members=[0, 1, 2, 3],
+        progress={0: _p(0, 5, 4), 1: _p(1, 5, 4), 2: _p(2, 4, 4), 3: _p(3, 5, 4)},
+        no_progress_for_s=3.0,
+    )
+    assert st is not None
+    assert (st.kind, st.seq, st.op) == ("stall", 5, "all_reduce")
+    assert st.waiting_ranks == [0, 1, 3] and st.not_entered_ranks == [2]
+
+
+def test_async_ops_in_flight_still_name_the_laggard() -> None:
+    # Healthy ranks ran ahead with async collectives 5..9; rank 1 is stuck before 5.
+    st = find_group_stall(
+        group="7", members=[0, 1], progress={0: _p(0, 9, 4), 1: _p(1, 4, 4)}, no_progress_for_s=1
+    )
+    assert st is not None and st.seq == 5 and st.not_entered_ranks == [1]
+
+
+def test_long_healthy_collective_is_not_a_stall() -> None:
+    progress = {r: _p(r, 8, 7) for r in range(4)}
+    assert (
+        find_group_stall(group="0", members=range(4), progress=progress, no_progress_for_s=999)
+        is None
+    )  # type: ignore[arg-type]
+
+
+def test_idle_group_is_not_a_stall() -> None:
+    progress = {r: _p(r, 8, 8) for r in range(4)}
+    assert (
+        find_group_stall(group="0", members=[0, 1, 2, 3], progress=progress, no_progress_for_s=999)
+        is None
+    )
+
+
+@pytest.mark.parametrize("state", ["stopped", "gone", "zombie"])
+def test_all_entered_but_a_member_is_dead(state: str) -> None:
+    progress = {r: _p(r, 8, 7) for r in range(3)}
+    progress[1] = _p(1, 8, 7, process_state=state)
+    st = find_group_stall(group="0", members=[0, 1, 2], progress=progress, no_progress_for_s=5)
+    assert st is not None and st.kind == "rank-lost" and st.dead_ranks == [1]
+
+
+def test_unobserved_member_is_not_counted_as_not_entered() -> None:
+    progress = {0: _p(0, 8, 7), 1: _p(1, 8, 7), 2: _p(2, 7, 7, observed=False)}
+    st = find_group_stall(group="0", members=[0, 1, 2, 3], progress=progress, no_progress_for_s=5)
+    assert st is not None and st.kind == "agent-lost"
+    assert st.not_entered_ranks == [] and st.unobserved_ranks == [2, 3]

@@ -1,0 +1,449 @@
+"""The coordinator over real gRPC on loopback: protocol, detector, dumps, uploads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from hangwatch.server.coordinator import Coordinator
+
+from hangwatch import formats
+from hangwatch.wire import pb, rpc
+
+from .conftest import ProtocolAgent, chunks, gloo_dump, rank_meta, wait_for, wait_status
+
+JOB = "job-1"
+
+
+def _agents(stub: rpc.CoordinatorStub, world: int = 4) -> tuple[ProtocolAgent, ProtocolAgent]:
+    half = world // 2
+    a = ProtocolAgent(
+        stub, job_id=JOB, agent_id="node-a", ranks=list(range(half)), world_size=world
+    )
+    b = ProtocolAgent(
+        stub, job_id=JOB, agent_id="node-b", ranks=list(range(half, world)), world_size=world
+    )
+    for ag in (a, b):
+        ag.register()
+        ag.watch()
+    return a, b
+
+
+def _no_command(agent: ProtocolAgent, within: float) -> None:
+    with pytest.raises(queue.Empty):
+        agent.next_command(timeout=within)
+
+
+@pytest.mark.timeout(30)
+def test_register_progress_and_unknown_session(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub
+) -> None:
+    a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=2)
+    resp = a.register()
+    assert len(resp.session_id) == 32
+    assert a.progress({0: (3, 3), 1: (3, 2)})
+    snap = coordinator.registry.snapshot(JOB)
+    assert snap is not None and snap.world_size == 2
+    assert [(r.rank, r.groups[0].last_completed, r.lag) for r in snap.ranks] == [
+        (0, 3, 0),
+        (1, 2, 1),
+    ]
+    assert snap.ranks[1].groups[0].in_flight_seq == 3
+    assert stub.Health(pb.HealthRequest(), timeout=5).agents_connected == 1
+
+    # Re-register (agent restart): the old session is no longer known.
+    old = a.session_id
+    a.register()
+    assert a.session_id != old
+    a.session_id, fresh = old, a.session_id
+    assert a.progress({0: (4, 4)}) is False
+    a.session_id = fresh
+    assert a.progress({0: (4, 4)}) is True
+    # A coordinator that never saw the session (it restarted) says so, no exception.
+    ack = stub.ReportEntries(
+        pb.EntryBatch(job_id=JOB, agent_id="node-a", session_id="f" * 32), timeout=5
+    )
+    assert ack.known is False
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda r: setattr(r.ranks[0], "world_size", 10**9), "world_size"),
+        (lambda r: setattr(r, "job_id", "../etc"), "job_id"),
+        (lambda r: setattr(r, "agent_id", "a/b"), "agent_id"),
+        (lambda r: setattr(r, "agent_id", "a\x00b"), "agent_id"),
+        (lambda r: setattr(r.ranks[0], "rank", 7), "rank 7"),
+        (lambda r: r.ranks[0].groups[0].ranks.__setitem__(1, 99), "rank 99"),
+    ],
+)
+def test_register_rejects_bad_input(
+    coordinator: Coordinator,
+    stub: rpc.CoordinatorStub,
+    mutate: Callable[[pb.RegisterRequest], None],
+    needle: str,
+) -> None:
+    req = pb.RegisterRequest(
+        job_id=JOB,
+        agent_id="node-a",
+        host="h",
+        ranks=[
+            pb.RankInfo(rank=0, world_size=2, pid=1, groups=[pb.GroupInfo(name="0", ranks=[0, 1])])
+        ],
+    )
+    mutate(req)
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.Register(req, timeout=5)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in (ei.value.details() or "")
+    assert coordinator.registry.jobs() == []
+
+
+def _bundle_rank(
+    agent: ProtocolAgent, incident_id: str, rank: int, le: int, lc: int, world: int
+) -> None:
+    ack = agent.upload(
+        incident_id,
+        rank,
+        f"{formats.FR_FILE_PREFIX}{rank}",
+        gloo_dump(rank=rank, last_enqueued=le, last_completed=lc),
+        chunk=700,
+    )
+    assert ack.complete and not ack.duplicate
+    assert agent.upload(incident_id, rank, formats.META_FILE, rank_meta(rank, world)).complete
+
+
+@pytest.mark.timeout(60)
+def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.CoordinatorStub) -> None:
+    a, b = _agents(stub)
+    # Healthy steps first: progress moves, nothing fires.
+    for step in range(1, 5):
+        assert a.progress({0: (step, step), 1: (step, step)})
+        assert b.progress({2: (step, step), 3: (step, step)})
+        t_hang = time.monotonic()  # the last change any member reported
+        time.sleep(0.15)
+    _no_command(a, 0.1)
+    # Rank 2 never enters collective 5; the others wait in it.
+    a.progress({0: (5, 4), 1: (5, 4)})
+    b.progress({2: (4, 4), 3: (5, 4)})
+    cmd_a = a.next_command(timeout=5)
+    cmd_b = b.next_command(timeout=5)
+    waited = time.monotonic() - t_hang
+    assert cmd_a.kind == pb.COMMAND_KIND_DUMP and cmd_a.incident_id == cmd_b.incident_id
+    assert 0.45 <= waited < 3.0, waited  # stall_timeout 0.5 s after the last progress
+    assert "group 0 stalled at seq 5" in cmd_a.reason and "ranks 2 not entered" in cmd_a.reason
+    iid = cmd_a.incident_id
+    row = coordinator.store.get_incident(iid)
+    assert row is not None and row.status == "collecting" and row.trigger == "stall"
+    assert row.ranks_expected == [0, 1, 2, 3]
+
+    # The stall keeps being reported: still one incident.
+    a.progress({0: (5, 4), 1: (5, 4)})
+    b.progress({2: (4, 4), 3: (5, 4)})
+    time.sleep(0.7)
+    assert len(coordinator.store.list_incidents(job_id=JOB)) == 1
+
+    for r, (le, lc) in {0: (5, 4), 1: (5, 4)}.items():
+        _bundle_rank(a, iid, r, le, lc, 4)
+    for r, (le, lc) in {2: (4, 4), 3: (5, 4)}.items():
+        _bundle_rank(b, iid, r, le, lc, 4)
+    assert a.complete(iid, [0, 1])
+    assert b.complete(iid, [2, 3])
+
+    done = wait_status(coordinator, iid, "analyzed")
+    assert done.verdict == "hang", done.summary
+    assert done.lagging_ranks == [2]
+    assert done.ranks_dumped == [0, 1, 2, 3] and done.ranks_unreachable == {}
+    assert done.detection_s is not None and 0.4 < done.detection_s < 15
+    assert done.report is not None and done.report.stalled_collective is not None
+    assert done.report.stalled_collective.seq == 5
+    doc = json.loads((coordinator.store.incident_dir(iid) / formats.INCIDENT_FILE).read_text())
+    assert doc["schema"] == formats.INCIDENT and doc["ranks_dumped"] == [0, 1, 2, 3]
+    assert doc["trigger"]["stalled"][0]["not_entered_ranks"] == [2]
+    assert (
+        coordinator.metrics.counter(
+            "hangwatch_incidents_total", {"verdict": "hang", "trigger": "stall"}
+        )
+        == 1
+    )
+    hist = coordinator.metrics.histogram("hangwatch_detection_seconds")
+    assert hist is not None and hist.n == 1
+
+    # After the verdict the same stall persists: still no second incident.
+    a.progress({0: (5, 4), 1: (5, 4)})
+    b.progress({2: (4, 4), 3: (5, 4)})
+    time.sleep(0.8)
+    assert len(coordinator.store.list_incidents(job_id=JOB)) == 1
+    _no_command(a, 0.1)
+    a.close()
+    b.close()
+
+
+@pytest.mark.timeout(30)
+def test_long_healthy_collective_opens_no_incident(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub
+) -> None:
+    a, b = _agents(stub)
+    a.progress({0: (3, 3), 1: (3, 3)})
+    b.progress({2: (3, 3), 3: (3, 3)})
+    # Every member is inside collective 4 and stays there 4x the stall timeout.
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        a.progress({0: (4, 3), 1: (4, 3)})
+        b.progress({2: (4, 3), 3: (4, 3)})
+        time.sleep(0.2)
+    _no_command(a, 0.1)
+    assert coordinator.store.list_incidents() == []
+    snap = coordinator.registry.snapshot(JOB)
+    assert snap is not None and snap.stalled == []
+    assert (coordinator.registry.oldest_in_flight_age(JOB) or 0) > 1.5
+    a.close()
+    b.close()
+
+
+@pytest.mark.timeout(60)
+def test_lost_agent_is_unobserved_not_guilty(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    c = start_coordinator(agent_lost_timeout=0.4, stall_timeout=1.0, dump_deadline=1.5)
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a, b = _agents(stub)
+        a.progress({0: (2, 2), 1: (2, 2)})
+        b.progress({2: (2, 2), 3: (2, 2)})
+        b.close()  # node-b goes silent: its ranks become unobserved
+        end = time.monotonic() + 8
+        cmd = None
+        while cmd is None and time.monotonic() < end:
+            a.progress({0: (3, 2), 1: (3, 2)})
+            with contextlib.suppress(queue.Empty):
+                cmd = a.next_command(timeout=0.2)
+        assert cmd is not None, "no DUMP after node-b was lost"
+        row = c.store.get_incident(cmd.incident_id)
+        assert row is not None and row.trigger == "agent-lost"
+        snap = c.registry.snapshot(JOB)
+        assert snap is not None
+        assert {r.rank: r.observed for r in snap.ranks} == {0: True, 1: True, 2: False, 3: False}
+        for r in (0, 1):
+            _bundle_rank(a, cmd.incident_id, r, 3, 2, 4)
+        assert a.complete(cmd.incident_id, [0, 1])
+        done = wait_status(c, cmd.incident_id, "analyzed")
+        assert set(done.ranks_unreachable) == {2, 3}
+        assert all(v.startswith("agent unreachable") for v in done.ranks_unreachable.values())
+        assert done.report is not None
+        covered = {
+            r for f in done.report.findings if f.kind == "agent-unreachable" for r in f.ranks
+        }
+        assert covered == {2, 3}, done.report.findings
+        assert "Ranks 2-3 were unobserved (agent unreachable)" in (done.summary or ""), done.summary
+        assert done.report.to_dict()["summary"] == done.summary
+        # The coordinator wrote what it knew of the unreachable ranks.
+        meta = json.loads(
+            (c.store.incident_dir(cmd.incident_id) / "rank_2" / formats.META_FILE).read_text()
+        )
+        assert meta["reachable"] is False and meta["groups"][0]["ranks"] == [0, 1, 2, 3]
+        a.close()
+
+
+@pytest.mark.timeout(30)
+def test_event_opens_incident_and_duplicates_join_it(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    c = start_coordinator(stall_timeout=60.0, dump_deadline=1.0)
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a, b = _agents(stub)
+        a.progress({0: (5, 4), 1: (5, 4)})
+        b.progress({2: (4, 4), 3: (5, 4)})
+
+        def event(agent: ProtocolAgent, kind: int, rank: int) -> str:
+            return str(
+                stub.ReportEvent(
+                    pb.Event(
+                        job_id=JOB,
+                        agent_id=agent.agent_id,
+                        session_id=agent.session_id,
+                        kind=kind,  # type: ignore[arg-type]
+                        rank=rank,
+                        detail="Timed out waiting 1000ms for recv operation",
+                        age_s=0.5,
+                    ),
+                    timeout=5,
+                ).incident_id
+            )
+
+        first = event(a, pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 0)
+        assert first
+        assert event(b, pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 3) == first
+        assert a.next_command(timeout=5).incident_id == first
+        row = c.store.get_incident(first)
+        assert (
+            row is not None
+            and row.trigger == "timeout"
+            and "collective timeout on rank 0" in row.reason
+        )
+        # Nobody uploads: after the deadline the incident still closes, saying why.
+        done = wait_status(c, first, "analyzed", timeout=15)
+        assert set(done.ranks_unreachable) == {0, 1, 2, 3}
+        assert all("no answer before deadline" in v for v in done.ranks_unreachable.values())
+        # A later timeout of the same hang joins the closed incident.
+        assert event(a, pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 1) == first
+        assert len(c.store.list_incidents()) == 1
+        # A rank exiting while nothing is in flight is a normal end, not an incident.
+        a.progress({0: (5, 5), 1: (5, 5)})
+        b.progress({2: (5, 5), 3: (5, 5)})
+        assert event(b, pb.EVENT_KIND_RANK_EXITED, 3) == ""
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(30)
+def test_frozen_rank_failure_is_recorded(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub
+) -> None:
+    a, b = _agents(stub)
+    a.progress({0: (5, 4), 1: (5, 4)})
+    b.progress({2: (5, 4), 3: (5, 4)}, states={2: pb.PROCESS_STATE_STOPPED})
+    cmd = a.next_command(timeout=5)
+    row = coordinator.store.get_incident(cmd.incident_id)
+    assert (
+        row is not None and row.trigger == "rank-lost" and "ranks 2 stopped or gone" in row.reason
+    )
+    b.next_command(timeout=5)
+    for r in (0, 1):
+        _bundle_rank(a, cmd.incident_id, r, 5, 4, 4)
+    _bundle_rank(b, cmd.incident_id, 3, 5, 4, 4)
+    assert a.complete(cmd.incident_id, [0, 1])
+    assert b.complete(cmd.incident_id, [3], {2: "process stopped (SIGSTOP): no dump possible"})
+    done = wait_status(coordinator, cmd.incident_id, "analyzed")
+    assert done.ranks_dumped == [0, 1, 3]
+    assert done.ranks_unreachable == {2: "process stopped (SIGSTOP): no dump possible"}
+    # A process-level failure is evidence, not "unobserved": no agent-unreachable finding.
+    assert done.report is not None
+    assert not [f for f in done.report.findings if f.kind == "agent-unreachable"]
+    assert a.complete(cmd.incident_id, [0, 1]) is False  # closed incidents accept no more results
+    a.close()
+    b.close()
+
+
+def _incident(coordinator: Coordinator, ranks: list[int]) -> str:
+    return coordinator.store.create_incident(
+        job_id=JOB, reason="test", trigger="stall", ranks_expected=ranks
+    ).id
+
+
+@pytest.mark.timeout(30)
+def test_upload_replay_cutoff_bad_sha_and_path_tricks(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub, tmp_path: Path
+) -> None:
+    iid = _incident(coordinator, [0, 1])
+    a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=2)
+    data = bytes(range(256)) * 1000  # 256 kB
+    final = coordinator.store.incident_dir(iid) / "rank_0" / "fr_trace_rank_0"
+
+    ack = a.upload(iid, 0, "fr_trace_rank_0", data, chunk=10_000)
+    assert (ack.complete, ack.duplicate, ack.bytes_stored) == (True, False, len(data))
+    assert final.read_bytes() == data
+    mtime = final.stat().st_mtime_ns
+    replay = a.upload(iid, 0, "fr_trace_rank_0", data, chunk=10_000)
+    assert (replay.complete, replay.duplicate, replay.bytes_stored) == (True, True, len(data))
+    assert final.stat().st_mtime_ns == mtime
+
+    # Cut off: the stream ends before the last chunk. No file under the final name, no .part left.
+    parts = chunks(JOB, "node-a", iid, 1, "stacks.txt", b"x" * 50_000, 10_000)[:3]
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(iter(parts), timeout=5)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    rank1 = coordinator.store.incident_dir(iid) / "rank_1"
+    assert not (rank1 / "stacks.txt").exists() and not (rank1 / "stacks.txt.part").exists()
+
+    # Wrong digest: rejected, nothing in place.
+    bad = chunks(JOB, "node-a", iid, 1, "stacks.txt", b"y" * 5000, 1000)
+    bad[-1].sha256 = "0" * 64
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(iter(bad), timeout=5)
+    assert ei.value.code() == grpc.StatusCode.DATA_LOSS
+    assert not (rank1 / "stacks.txt").exists() and not (rank1 / "stacks.txt.part").exists()
+
+    # Offsets that skip bytes: rejected.
+    gap = chunks(JOB, "node-a", iid, 1, "stacks.txt", b"z" * 5000, 1000)
+    gap[2].offset += 1
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(iter(gap), timeout=5)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "offset" in (
+        ei.value.details() or ""
+    )
+
+    # Path tricks: every one refused, nothing written outside the data dir.
+    before = {p for p in tmp_path.rglob("*")}
+    for name in (
+        "../escape",
+        "../../../../tmp/escape",
+        "/etc/passwd",
+        "a/b",
+        "..",
+        ".hidden",
+        "x\x00y",
+        "f.part",
+    ):
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.UploadBundle(iter(chunks(JOB, "node-a", iid, 0, name, b"evil", 10)), timeout=5)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(iter(chunks(JOB, "node-a", "../" + iid, 0, "f", b"evil", 10)), timeout=5)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(iter(chunks(JOB, "node-a", iid, 5, "f", b"evil", 10)), timeout=5)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # rank 5 is not in the incident
+    with pytest.raises(grpc.RpcError) as ei:
+        stub.UploadBundle(
+            iter(chunks(JOB, "node-a", "20260101T000000Z-deadbeef", 0, "f", b"x", 10)), timeout=5
+        )
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+    assert {p for p in tmp_path.rglob("*")} == before
+    assert not (tmp_path.parent / "escape").exists()
+
+
+@pytest.mark.timeout(30)
+def test_upload_size_cap(start_coordinator: Callable[..., Coordinator]) -> None:
+    c = start_coordinator(max_file_bytes=10_000)
+    iid = _incident(c, [0])
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        for announced in (True, False):
+            cs = chunks(JOB, "node-a", iid, 0, "big", b"b" * 20_000, 4096)
+            if not announced:
+                cs[0].total_size = 0  # the cap holds even when the size is not announced
+            with pytest.raises(grpc.RpcError) as ei:
+                stub.UploadBundle(iter(cs), timeout=5)
+            assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert list((c.store.incident_dir(iid)).rglob("big*")) == []
+
+
+@pytest.mark.timeout(30)
+def test_command_stream_ends_cleanly(coordinator: Coordinator, stub: rpc.CoordinatorStub) -> None:
+    a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0], world_size=1)
+    a.register()
+    a.watch()
+    wait_for(lambda: coordinator.registry.snapshot(JOB).agents[0].watching, 5, "stream open")  # type: ignore[union-attr]
+    a.close()  # client cancels: the server side must drop its waker
+    wait_for(lambda: not coordinator.registry.snapshot(JOB).agents[0].watching, 5, "stream closed")  # type: ignore[union-attr]
+    # A stream for a session that a re-register replaced ends on its own.
+    a.watch()
+    wait_for(lambda: coordinator.registry.snapshot(JOB).agents[0].watching, 5, "stream open")  # type: ignore[union-attr]
+    a.register()
+    assert a._watch_thread is not None
+    a._watch_thread.join(5)
+    assert not a._watch_thread.is_alive() and a.watch_error is None
+    # A stream with an unknown session is refused with a clear status.
+    a.session_id = "0" * 32
+    a.watch()
+    a._watch_thread.join(5)
+    assert a.watch_error is not None and a.watch_error.code() == grpc.StatusCode.FAILED_PRECONDITION
