@@ -384,7 +384,7 @@ class _Diagnosis:
                 + (", which gloo does not record in the flight recorder at all" if gloo else "")
                 + ". The per-rank stacks show where each rank is."
             )
-            if not blocked_any:
+            if not blocked_any and incident:
                 self.findings.append(Finding(kind="no-collective-in-flight", ranks=[], detail=why))
             if gloo:
                 self.findings.append(
