@@ -60,9 +60,11 @@ def feed_job(
     seq: int = 42,
     ranks_per_agent: int = 8,
     group_desc: str = "default_pg",
-) -> None:
+) -> dict[int, tuple[str, str]]:
     """Register agents for `world` ranks of one default group and report a hang:
-    every rank completed seq-1; all but `stuck` entered `seq` (in flight 12 s)."""
+    every rank completed seq-1; all but `stuck` entered `seq` (in flight 12 s).
+    Returns rank -> (agent id, session id) for later reports."""
+    sessions: dict[int, tuple[str, str]] = {}
     for first in range(0, world, ranks_per_agent):
         ranks = range(first, min(world, first + ranks_per_agent))
         agent = f"agent-{first // ranks_per_agent}"
@@ -88,6 +90,7 @@ def feed_job(
             ],
         )
         session = registry.register(req)
+        sessions.update({r: (agent, session) for r in ranks})
         progress = []
         for r in ranks:
             gp = pb.GroupProgress(
@@ -105,6 +108,34 @@ def feed_job(
                 job_id=job, agent_id=agent, session_id=session, report_seq=1, ranks=progress
             )
         )
+    return sessions
+
+
+def report_rank(
+    registry: JobRegistry,
+    *,
+    job: str,
+    sessions: dict[int, tuple[str, str]],
+    rank: int,
+    last_enqueued: int,
+    last_completed: int,
+    report_seq: int,
+    state: int = pb.PROCESS_STATE_RUNNING,
+) -> None:
+    """One more progress report for one rank, as its agent would send it."""
+    agent, session = sessions[rank]
+    gp = pb.GroupProgress(group="0", last_enqueued=last_enqueued, last_completed=last_completed)
+    if last_enqueued > last_completed:
+        gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=last_enqueued, op="all_reduce", age_s=0.5))
+    registry.report_progress(
+        pb.ProgressReport(
+            job_id=job,
+            agent_id=agent,
+            session_id=session,
+            report_seq=report_seq,
+            ranks=[pb.RankProgress(rank=rank, state=state, groups=[gp], fr_age_s=0.1)],  # type: ignore[arg-type]
+        )
+    )
 
 
 def hang_report(*, world: int, stuck: int, seq: int = 42, hostile: bool = False) -> Report:
