@@ -135,7 +135,7 @@ class ProtocolAgent:
         seqs: dict[int, tuple[int, int]],
         *,
         group: str = "0",
-        states: dict[int, int] | None = None,
+        states: dict[int, Any] | None = None,
     ) -> bool:
         """seqs: rank -> (last_enqueued, last_completed) in `group`."""
         self.seq += 1

@@ -447,3 +447,35 @@ def test_command_stream_ends_cleanly(coordinator: Coordinator, stub: rpc.Coordin
     a.watch()
     a._watch_thread.join(5)
     assert a.watch_error is not None and a.watch_error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.timeout(60)
+def test_coordinator_restart_keeps_incidents_and_agents_reregister(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    c1 = start_coordinator(dump_deadline=60.0)
+    with grpc.insecure_channel(c1.grpc_address) as ch:
+        a, b = _agents(rpc.CoordinatorStub(ch))
+        a.progress({0: (5, 4), 1: (5, 4)})
+        b.progress({2: (4, 4), 3: (5, 4)})
+        iid = a.next_command(timeout=5).incident_id
+        _bundle_rank(a, iid, 0, 5, 4, 4)
+        _bundle_rank(a, iid, 1, 5, 4, 4)
+        a.close()
+        b.close()
+    c1.stop(grace=1.0)  # dies mid-collection: ranks 2 and 3 never uploaded
+
+    c2 = start_coordinator(dump_deadline=60.0)
+    row = wait_status(c2, iid, "analyzed")
+    assert row.ranks_dumped == [0, 1]
+    assert set(row.ranks_unreachable) == {2, 3}
+    assert all("restarted" in why for why in row.ranks_unreachable.values())
+    assert row.report is not None
+    with grpc.insecure_channel(c2.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a.stub = stub
+        assert a.progress({0: (5, 4), 1: (5, 4)}) is False  # unknown session: re-register
+        a.register()
+        assert a.progress({0: (5, 4), 1: (5, 4)}) is True
+    assert c2.registry.jobs() == [JOB]
+    assert [r.id for r in c2.store.list_incidents(job_id=JOB)] == [iid]
