@@ -129,6 +129,7 @@ class _Diagnosis:
             P.table = t.loc[t.index.get_level_values("group") == self.only_group]
         self.P = P
         waits = self._collective_waits(P) + self._p2p_waits(P)
+        self._all_waits = [w for w in waits if w.targets]
         roots, cycles = self._roots(waits)
         mismatches = find_mismatches(self.E, self.groups)
         return self._verdict(P, waits, roots, cycles, mismatches)
@@ -623,6 +624,9 @@ class _Diagnosis:
         s = f"{who} {verb} {what}{tail}"
         if others:
             s = s[:-1] + f" (also lagging: {rank_list(others)})."
+        behind = set().union(*(w.waiters for w in self._all_waits)) - set(best.waiters) - set(roots)
+        if behind:
+            s = s[:-1] + f"; {plural(len(behind), 'other rank')} {'is' if len(behind) == 1 else 'are'} blocked behind it."
         return s
 
     def _p2p_findings(self, lagging: set[int]) -> None:
@@ -779,10 +783,12 @@ class _Diagnosis:
 
 def _wait_key(w: Wait, roots: list[int]) -> tuple[Any, ...]:
     """Which wait best names "the" stalled collective: a collective over a p2p
-    op, blaming the most roots, with the most waiters, waiting the longest."""
+    op, blaming the most roots and only roots, with the most waiters, waiting
+    the longest."""
     return (
         w.kind != "collective",
         -len(w.targets & set(roots)),
+        len(w.targets - set(roots)),  # blame a root directly, not through a blocked rank
         -len(w.waiters),
         w.oldest_ns or np.iinfo(np.int64).max,
         w.seq,

@@ -73,8 +73,7 @@ class PgStatus:
     last_completed: int
     pg_id: int
     # How the local pg_id was tied to a group name: "entries", "bundle",
-    # "pg_config-order" (the k-th local pg_id is the k-th group this rank
-    # created; checked against every mapping the entries prove) or "default".
+    # "creation-order" (see _map_pg_ids) or "default" (pg 0 is group "0").
     mapped_by: str
 
 
@@ -337,14 +336,19 @@ def _map_pg_ids(
     parsed: ParsedDump,
     entry_map: dict[int, str],
     meta: dict[str, Any] | None,
+    all_names: set[str],
 ) -> tuple[dict[str, PgStatus], list[int]]:
     """Tie each local pg_id in pg_status to a group name.
 
     Evidence, strongest first: the rank's own entries (pg_id next to
-    process_group), the agent's bundle metadata, then creation order: local
-    pg_ids and global group names are both handed out in creation order, so
-    the k-th pg_id of this rank is its k-th group in pg_config (accepted only
-    when the counts agree and every mapping the entries prove agrees with it).
+    process_group), the agent's bundle metadata, then creation order. Every
+    rank calls new_group for every group, so default group names ("0", "1",
+    ...) are a global creation counter, while a rank's local pg_ids count only
+    the groups it is a member of: the map is order-preserving. Between two
+    known (pg_id, name) anchors, unmapped pg_ids are assigned only when
+    exactly as many candidate names fall in between: first the rank's own
+    pg_config names (NCCL lists the groups it belongs to), then every group
+    name any dump mentions (gloo's pg_config is empty).
     """
     mapping: dict[int, tuple[str, str]] = {pid: (g, "entries") for pid, g in entry_map.items()}
     if meta:
@@ -356,16 +360,12 @@ def _map_pg_ids(
                     continue
                 mapping.setdefault(pid, (str(g["name"]), "bundle"))
     ids = sorted(int(k) for k in parsed.pg_status)
-    if any(pid not in mapping for pid in ids):
-        names = list(parsed.pg_config)
-        if names and all(n.isdigit() for n in names) and len(names) == len(ids):
-            order = dict(zip(ids, sorted(names, key=int), strict=True))
-            if all(order.get(pid) == g for pid, (g, _) in mapping.items() if pid in order):
-                for pid, g in order.items():
-                    mapping.setdefault(pid, (g, "pg_config-order"))
-    used = {g for g, _ in mapping.values()}
-    if 0 in ids and 0 not in mapping and "0" not in used:
+    if 0 in ids and 0 not in mapping and "0" not in {g for g, _ in mapping.values()}:
         mapping[0] = ("0", "default")  # the default group is always local pg 0, named "0"
+    own = {n for n in parsed.pg_config if n.isdigit()}
+    for names in (own, {n for n in all_names if n.isdigit()}):
+        if any(pid not in mapping for pid in ids) and names:
+            _order_fill(ids, mapping, names)
     out: dict[str, PgStatus] = {}
     unmapped: list[int] = []
     for pid in ids:
@@ -378,6 +378,21 @@ def _map_pg_ids(
             last_enqueued=enq, last_started=started, last_completed=comp, pg_id=pid, mapped_by=how
         )
     return out, unmapped
+
+
+def _order_fill(ids: list[int], mapping: dict[int, tuple[str, str]], names: set[str]) -> None:
+    anchors = sorted((pid, int(g)) for pid, (g, _) in mapping.items() if g.isdigit())
+    if any(b[1] <= a[1] for a, b in zip(anchors, anchors[1:], strict=False)):
+        return  # names not in creation order: the assumption does not hold here
+    used = {int(g) for g, _ in mapping.values() if g.isdigit()}
+    cand = sorted(int(n) for n in names if int(n) not in used)
+    bounds = [(-1, -1), *anchors, (1 << 62, 1 << 62)]
+    for (p_lo, n_lo), (p_hi, n_hi) in zip(bounds, bounds[1:], strict=False):
+        todo = [pid for pid in ids if p_lo < pid < p_hi and pid not in mapping]
+        fit = [n for n in cand if n_lo < n < n_hi]
+        if todo and len(todo) == len(fit):
+            for pid, n in zip(todo, fit, strict=True):
+                mapping[pid] = (str(n), "creation-order")
 
 
 def build_groups(
@@ -551,15 +566,20 @@ def load_dumps(
     pg_status: dict[int, dict[str, PgStatus]] = {}
     unmapped: dict[int, list[int]] = {}
     frames: dict[tuple[int, int], tuple[tuple[str, str, int], ...]] = {}
+    entry_maps: dict[int, dict[int, str]] = {}
+    all_names: set[str] = set()
     for r, p in parts:
+        all_names.update(p.pg_config)
         if p.n_entries:
             pids = p.columns["pg_id"]
             grp = np.asarray(p.columns["group"])
             _, first = np.unique(pids, return_index=True)
-            entry_map = {int(pids[i]): str(grp[i]) for i in first}
-        else:
-            entry_map = {}
-        pg_status[r], um = _map_pg_ids(r, p, entry_map, rank_meta.get(r))
+            entry_maps[r] = {int(pids[i]): str(grp[i]) for i in first}
+            all_names.update(entry_maps[r].values())
+    for meta in rank_meta.values():
+        all_names.update(str(g["name"]) for g in meta.get("groups") or [] if isinstance(g, dict) and g.get("name") is not None)
+    for r, p in parts:
+        pg_status[r], um = _map_pg_ids(r, p, entry_maps.get(r, {}), rank_meta.get(r), all_names)
         if um:
             unmapped[r] = um
         for rec, fr in p.frames.items():

@@ -183,7 +183,7 @@ def test_pg_status_is_mapped_to_group_names(tmp_path: Path) -> None:
     st = loaded.pg_status[2]
     assert set(st) == {"0", "7"}
     # Group 7 saw no collective, so no entry ties its pg_id to its name: creation order does.
-    assert st["7"].last_completed == -1 and st["7"].mapped_by == "pg_config-order"
+    assert st["7"].last_completed == -1 and st["7"].mapped_by == "creation-order"
     assert st["0"].last_completed == 1 and st["0"].mapped_by == "entries"
     assert loaded.pg_status[0]["5"].last_completed == 1
     assert loaded.groups["5"].ranks == [0, 1] and loaded.groups["5"].membership_source == "pg_config"
