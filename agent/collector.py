@@ -1,0 +1,258 @@
+"""Collect one rank's incident bundle: FR dump, Python stacks, GPU state, process state.
+
+Each source has a timeout and a fallback, and every step records where its
+data came from (RANKMETA `sources`) or why it is missing (`errors`):
+- FR: the hook's pickle handler (torch's own pickle, with call-site frames),
+  else torch's C++ `fr_trace_json` (answers even while the GIL is held), else
+  torch's dump-on-timeout file from `<run_dir>/fr/`.
+- stacks: torch's `dump_traceback` handler, else `py-spy dump` (measured:
+  on a SIGSTOPped process plain `py-spy dump` fails with "Failed to suspend
+  process" and `--nonblocking` works, so a stopped rank goes straight to
+  `--nonblocking`).
+The rank directory is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangwatch.agent import endpoint
+from hangwatch.agent.procstate import process_state, state_name
+from hangwatch.agent.ranks import RankTracker
+
+from hangwatch import formats, hook_protocol
+from hangwatch.wire import pb
+
+log = logging.getLogger("hangwatch.agent")
+
+# torch's first pickle dump with stack traces symbolizes frames: ~1.8 s measured.
+FR_PICKLE_TIMEOUT_S = 5.0
+FR_JSON_TIMEOUT_S = 3.0
+TRACEBACK_TIMEOUT_S = 2.0
+PYSPY_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RankBundle:
+    rank: int
+    directory: str
+    files: list[str]
+    meta: dict[str, Any]
+    # Why this rank counts as not dumped ("" = dumped).
+    failure: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def gpu_snapshot() -> dict[str, Any]:
+    """Node GPU state via NVML; on a machine without it, why not."""
+    try:
+        import pynvml
+    except ImportError as e:
+        return {"available": False, "reason": f"nvidia-ml-py not installed: {e}"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:
+        return {"available": False, "reason": str(e) or type(e).__name__}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            procs = [
+                {"pid": int(p.pid), "used_memory": int(p.usedGpuMemory or 0)}
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            ]
+            devices.append(
+                {
+                    "index": i,
+                    "name": _text(pynvml.nvmlDeviceGetName(h)),
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+                    "memory_used": int(mem.used),
+                    "memory_total": int(mem.total),
+                    "utilization_gpu": int(util.gpu),
+                    "processes": procs,
+                }
+            )
+        return {"available": True, "devices": devices}
+    except Exception as e:
+        return {"available": False, "reason": f"NVML query failed: {e}"}
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception as e:
+            log.debug("nvmlShutdown: %s", e)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _pyspy(pyspy: str, pid: int, nonblocking: bool) -> str:
+    exe = shutil.which(pyspy)
+    if exe is None:
+        raise RuntimeError(f"py-spy executable {pyspy!r} not found")
+    cmd = [exe, "dump", "--pid", str(pid)]
+    if nonblocking:
+        cmd.append("--nonblocking")
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"py-spy timed out after {PYSPY_TIMEOUT_S:g}s") from e
+    if out.returncode != 0:
+        first = (out.stderr or out.stdout).strip().splitlines()[:2]
+        raise RuntimeError(f"py-spy exit {out.returncode}: {' / '.join(first)}")
+    return out.stdout
+
+
+def _has_python_frames(text: str) -> bool:
+    # dump_traceback prints "<no Python frame>" for threads it cannot read and
+    # nothing at all when the GIL is held by a C call.
+    return 'File "' in text
+
+
+def _watchdog_file(run_dir: str, rank: int) -> str | None:
+    path = hook_protocol.fr_dump_prefix(run_dir) + str(rank)
+    return path if os.path.isfile(path) else None
+
+
+def collect_rank(
+    t: RankTracker,
+    *,
+    run_dir: str,
+    incident_id: str,
+    pyspy: str,
+    gpu: dict[str, Any],
+) -> RankBundle:
+    rank = t.rank
+    state = process_state(t.pid, t.info.get("proc_starttime"))
+    alive = state in (pb.PROCESS_STATE_RUNNING, pb.PROCESS_STATE_UNRESPONSIVE)
+    stopped = state == pb.PROCESS_STATE_STOPPED
+    sources = {
+        "fr": "none",
+        "stacks": "none",
+        "gpu": "nvml" if gpu.get("available") else "none",
+        "process": "procfs",
+    }
+    errors: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    reachable = False
+
+    # FR dump.
+    fr_name = f"{formats.FR_FILE_PREFIX}{rank}"
+    fr_kind = str(t.info.get("fr_source") or "worker-server")
+    if alive and t.socket:
+        for handler, timeout in (
+            (hook_protocol.FR_PICKLE, FR_PICKLE_TIMEOUT_S),
+            (hook_protocol.FR_TRACE_JSON, FR_JSON_TIMEOUT_S),
+        ):
+            try:
+                files[fr_name] = endpoint.call(t.socket, handler, timeout=timeout)
+                sources["fr"] = fr_kind
+                reachable = True
+                break
+            except (TimeoutError, endpoint.EndpointError) as e:
+                errors["fr"] = f"{errors.get('fr', '')}{handler}: {e}; ".strip()
+    if fr_name not in files:
+        wd = _watchdog_file(run_dir, rank)
+        if wd is not None:
+            with open(wd, "rb") as f:
+                files[fr_name] = f.read()
+            sources["fr"] = "watchdog-file"
+        elif stopped:
+            errors["fr"] = "process stopped (SIGSTOP?): it cannot dump and left no watchdog file"
+        elif not alive:
+            errors["fr"] = f"process {state_name(state)}: no endpoint and no watchdog file"
+
+    # Python stacks.
+    stacks = ""
+    if alive and t.socket:
+        try:
+            text = endpoint.call(
+                t.socket, hook_protocol.DUMP_TRACEBACK, timeout=TRACEBACK_TIMEOUT_S
+            ).decode("utf-8", "replace")
+            reachable = True
+            if _has_python_frames(text):
+                stacks, sources["stacks"] = (
+                    text,
+                    "worker-server" if fr_kind != "thread" else "thread",
+                )
+            else:
+                errors["stacks"] = "dump_traceback returned no Python frames (GIL held?)"
+        except (TimeoutError, endpoint.EndpointError) as e:
+            errors["stacks"] = f"dump_traceback: {e}"
+    if not stacks and (alive or stopped):
+        for nonblocking in (True,) if stopped else (False, True):
+            try:
+                stacks = _pyspy(pyspy, t.pid, nonblocking)
+                sources["stacks"] = "py-spy"
+                errors.pop("stacks", None)
+                break
+            except RuntimeError as e:
+                errors["stacks"] = f"{errors.get('stacks', '')}; py-spy: {e}".lstrip("; ")
+    if stacks:
+        files[formats.STACKS_FILE] = stacks.encode()
+
+    failure = ""
+    if sources["fr"] == "none":
+        if stopped:
+            failure = "process stopped (SIGSTOP?)"
+        elif not alive:
+            failure = f"process {state_name(state)}"
+        else:
+            failure = f"no FR dump: {errors.get('fr', 'unknown')}"
+    meta = {
+        "schema": formats.RANKMETA,
+        "rank": rank,
+        "host": str(t.info.get("host") or socket.gethostname()),
+        "pid": t.pid,
+        "process_state": state_name(state),
+        "reachable": reachable,
+        "groups": t.info.get("groups", []),
+        "sources": sources,
+        "gpu": gpu,
+        "errors": errors,
+    }
+    files[formats.META_FILE] = json.dumps(meta, indent=1).encode()
+    directory = _write_rank_dir(run_dir, incident_id, rank, files)
+    return RankBundle(
+        rank=rank,
+        directory=directory,
+        files=sorted(files),
+        meta=meta,
+        failure=failure,
+        sources=sources,
+    )
+
+
+def rank_dir(run_dir: str, incident_id: str, rank: int) -> str:
+    return os.path.join(run_dir, formats.BUNDLES_DIR, incident_id, f"rank_{rank}")
+
+
+def _write_rank_dir(run_dir: str, incident_id: str, rank: int, files: dict[str, bytes]) -> str:
+    final = rank_dir(run_dir, incident_id, rank)
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".rank_{rank}.", dir=parent)
+    for name, data in files.items():
+        with open(os.path.join(tmp, name), "wb") as f:
+            f.write(data)
+    if os.path.isdir(final):
+        # A repeated DUMP for the same incident replaces the earlier copy whole.
+        old = tempfile.mkdtemp(prefix=f".old_rank_{rank}.", dir=parent)
+        os.replace(final, os.path.join(old, "d"))
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final

@@ -1,0 +1,452 @@
+"""The agent: one per node. Polls local ranks, reports to the coordinator, answers dump commands.
+
+Threads (none of them in a training process):
+- main: discovery and polls, every poll interval; never waits on the network.
+- sender: registers, sends progress/events/entries, retries pending uploads;
+  backs off with jitter while the coordinator is away.
+- commands: holds the WatchCommands stream open and queues DUMP commands.
+- dumper: collects bundles (ranks in parallel), keeps them on local disk,
+  uploads them, reports CompleteDump.
+Everything buffered is bounded (Config.max_buffered; oldest dropped, counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from hangwatch.agent import collector, uploader
+from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
+from hangwatch.agent.outbox import BoundedQueue
+from hangwatch.agent.procstate import process_state
+from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan_rankinfo
+
+from hangwatch import formats, hook_protocol
+from hangwatch.config import Config
+from hangwatch.wire import pb
+
+log = logging.getLogger("hangwatch.agent")
+
+ENTRY_BATCH = 2000
+_INCIDENT_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_WATCHDOG_RE = re.compile(rf"^{re.escape(formats.FR_FILE_PREFIX)}(\d+)$")
+
+
+@dataclass
+class PendingDump:
+    incident_id: str
+    bundles: list[collector.RankBundle]
+    uploaded: set[tuple[int, str]] = field(default_factory=set)
+    upload_errors: dict[int, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _QueuedEvent:
+    kind: int
+    rank: int
+    detail: str
+    at: float
+
+
+class Agent:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.run_dir = os.path.abspath(cfg.run_dir)
+        self.client = CoordinatorClient(cfg, agent_id=cfg.node_id, host=socket.gethostname())
+        self.poll_interval = cfg.poll_interval
+        self.trackers: dict[int, RankTracker] = {}
+        self._ignored: set[tuple[int, float]] = set()
+        self.events: BoundedQueue[_QueuedEvent] = BoundedQueue(cfg.max_buffered)
+        self.entries: BoundedQueue[pb.FrEntry] = BoundedQueue(cfg.max_buffered)
+        self.commands: BoundedQueue[pb.Command] = BoundedQueue(64)
+        self.pending: dict[str, PendingDump] = {}
+        self._pending_lock = threading.Lock()
+        self._collected: set[str] = set()
+        self._progress: list[pb.RankProgress] = []
+        self._progress_seq = 0
+        self._progress_sent = 0
+        self._need_register = True
+        self._watchdog_sizes: dict[str, int] = {}
+        self._watchdog_reported: set[str] = set()
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self._wake_sender = threading.Event()
+        self._wake_dumper = threading.Event()
+        self._stream: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hangwatch-agent")
+        self._threads: list[threading.Thread] = []
+        self.polls = 0
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        os.makedirs(hook_protocol.hook_dir(self.run_dir), exist_ok=True)
+        for name, target in (
+            ("sender", self._sender_loop),
+            ("commands", self._command_loop),
+            ("dumper", self._dump_loop),
+        ):
+            th = threading.Thread(target=target, name=f"hangwatch-{name}", daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def run(self) -> None:
+        """Poll until `stop` is set, then shut down within a few seconds."""
+        self.start()
+        try:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    self.poll_once()
+                except Exception:
+                    log.exception("poll failed")
+                self.stop.wait(max(0.0, self.poll_interval - (time.monotonic() - t0)))
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self._wake_sender.set()
+        self._wake_dumper.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        for th in self._threads:
+            th.join(timeout=5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    # --- polling -------------------------------------------------------------
+
+    def poll_once(self) -> None:
+        now = time.monotonic()
+        self._discover(now)
+        with self._lock:
+            trackers = list(self.trackers.values())
+        entries_after = max(2.0 * self.poll_interval, 1.0)
+        results = list(self._pool.map(lambda t: self._poll_one(t, now, entries_after), trackers))
+        for res in results:
+            for e in res.entries:
+                self.entries.put(e)
+            for kind, rank, detail in res.events:
+                self._event(kind, rank, detail, now)
+        self._scan_watchdog(now)
+        with self._lock:
+            self._progress = [t.progress_pb(now) for t in trackers]
+            self._progress_seq += 1
+        self.polls += 1
+        self._wake_sender.set()
+
+    def _poll_one(self, t: RankTracker, now: float, entries_after: float) -> Any:
+        res = poll_rank(t, now, entries_after)
+        res.events.extend(read_hook_events(t, self.run_dir))
+        return res
+
+    def _event(self, kind: int, rank: int, detail: str, at: float) -> None:
+        log.info("event %s rank %d: %s", pb.EventKind.Name(kind), rank, detail)  # type: ignore[arg-type]
+        self.events.put(_QueuedEvent(kind, rank, detail, at))
+
+    def _discover(self, now: float) -> None:
+        found = scan_rankinfo(self.run_dir)
+        changed = False
+        with self._lock:
+            for pid, (info, path, mtime) in found.items():
+                t = self.trackers.get(pid)
+                if t is None:
+                    if (pid, mtime) in self._ignored:
+                        continue
+                    start = info.get("proc_starttime")
+                    if process_state(pid, start) == pb.PROCESS_STATE_GONE:
+                        # Left over from an earlier run in this directory.
+                        self._ignored.add((pid, mtime))
+                        log.info("ignoring %s: pid %d is not running", path, pid)
+                        continue
+                    t = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=mtime)
+                    # A restarted rank replaces the exited process that held its rank.
+                    for old_pid, old in list(self.trackers.items()):
+                        if old.rank == t.rank and old.exited_reported:
+                            del self.trackers[old_pid]
+                    self.trackers[pid] = t
+                    log.info("found rank %d (pid %d, %s)", t.rank, pid, info.get("fr_source"))
+                    changed = True
+                elif mtime != t.rankinfo_mtime:
+                    t.apply_info(info)
+                    t.rankinfo_mtime = mtime
+                    changed = True
+            for pid, t in list(self.trackers.items()):
+                if pid not in found:
+                    if not t.exited_reported:
+                        t.exited_reported = True
+                        self._event(
+                            pb.EVENT_KIND_RANK_EXITED, t.rank, "rank-info file removed", now
+                        )
+                    del self.trackers[pid]
+                    changed = True
+            if changed:
+                self._need_register = True
+
+    def _scan_watchdog(self, now: float) -> None:
+        fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(self.run_dir))
+        try:
+            names = os.listdir(fr_dir)
+        except OSError:
+            return
+        for name in names:
+            m = _WATCHDOG_RE.match(name)
+            if m is None or name in self._watchdog_reported:
+                continue
+            try:
+                size = os.path.getsize(os.path.join(fr_dir, name))
+            except OSError:
+                continue
+            # torch writes the file in place: report it once its size holds still.
+            if size > 0 and self._watchdog_sizes.get(name) == size:
+                self._watchdog_reported.add(name)
+                self._event(pb.EVENT_KIND_WATCHDOG_DUMP, int(m.group(1)), name, now)
+            self._watchdog_sizes[name] = size
+
+    def rank_infos(self) -> list[pb.RankInfo]:
+        with self._lock:
+            by_rank: dict[int, RankTracker] = {}
+            for t in self.trackers.values():
+                prev = by_rank.get(t.rank)
+                if prev is None or prev.exited_reported:
+                    by_rank[t.rank] = t
+            return [by_rank[r].rank_info_pb() for r in sorted(by_rank)]
+
+    # --- sending ------------------------------------------------------------
+
+    def _sender_loop(self) -> None:
+        backoff = Backoff()
+        failing = False
+        while not self.stop.is_set():
+            try:
+                self._flush()
+                if failing:
+                    log.info("coordinator %s reachable again", self.cfg.coordinator)
+                failing = False
+                backoff.reset()
+                self._wake_sender.wait(timeout=self.poll_interval)
+                self._wake_sender.clear()
+            except StaleSession as e:
+                log.info("re-registering: %s", e)
+                with self._lock:
+                    self._need_register = True
+            except grpc.RpcError as e:
+                if not failing:
+                    log.warning(
+                        "coordinator %s: %s %s; buffering and retrying",
+                        self.cfg.coordinator,
+                        e.code(),
+                        e.details(),
+                    )
+                failing = True
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    log.error("coordinator rejected the token: %s", e.details())
+                self.stop.wait(backoff.next())
+            except Exception:
+                log.exception("sender failed")
+                self.stop.wait(backoff.next())
+
+    def _flush(self) -> None:
+        with self._lock:
+            need = self._need_register or not self.client.session_id
+            self._need_register = False
+        if need:
+            try:
+                self.client.register(self.rank_infos())
+            except BaseException:
+                with self._lock:
+                    self._need_register = True
+                raise
+            self._progress_sent = 0
+        with self._lock:
+            seq, progress = self._progress_seq, list(self._progress)
+        if seq > self._progress_sent:
+            self.client.report_progress(seq, progress)
+            self._progress_sent = seq
+        while True:
+            batch = self.events.take(1)
+            if not batch:
+                break
+            ev = batch[0]
+            try:
+                self.client.report_event(ev.kind, ev.rank, ev.detail, time.monotonic() - ev.at)
+            except BaseException:
+                self.events.push_front(batch)
+                raise
+        while True:
+            entries = self.entries.take(ENTRY_BATCH)
+            if not entries:
+                break
+            try:
+                self.client.report_entries(entries, self.entries.dropped)
+            except BaseException:
+                self.entries.push_front(entries)
+                raise
+        with self._pending_lock:
+            pending = list(self.pending.values())
+        for p in pending:
+            self._finish_dump(p)
+
+    # --- commands and dumps --------------------------------------------------
+
+    def _command_loop(self) -> None:
+        backoff = Backoff()
+        while not self.stop.is_set():
+            sid = self.client.wait_registered(0.5)
+            if not sid or self.stop.is_set():
+                continue
+            try:
+                self._stream = self.client.watch_commands()
+                for cmd in self._stream:
+                    backoff.reset()
+                    self.commands.put(cmd)
+                    self._wake_dumper.set()
+                # Ended by the server: a newer Register replaced this session.
+                if self.client.session_id == sid:
+                    self.stop.wait(backoff.next())
+            except grpc.RpcError as e:
+                if self.stop.is_set():
+                    break
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self.client.invalidate()
+                    with self._lock:
+                        self._need_register = True
+                    self._wake_sender.set()
+                self.stop.wait(backoff.next())
+            finally:
+                self._stream = None
+
+    def _dump_loop(self) -> None:
+        while not self.stop.is_set():
+            cmds = self.commands.take(1)
+            if not cmds:
+                self._wake_dumper.wait(timeout=0.5)
+                self._wake_dumper.clear()
+                continue
+            try:
+                self.handle_command(cmds[0])
+            except Exception:
+                log.exception("dump command failed")
+
+    def handle_command(self, cmd: pb.Command) -> PendingDump | None:
+        if cmd.kind != pb.COMMAND_KIND_DUMP:
+            log.warning("ignoring unknown command kind %d", cmd.kind)
+            return None
+        iid = cmd.incident_id
+        if not _INCIDENT_ID_RE.match(iid) or ".." in iid:
+            log.error("refusing dump command with unsafe incident id %r", iid[:80])
+            return None
+        if iid in self._collected:
+            log.info("incident %s already collected; finishing its upload", iid)
+            with self._pending_lock:
+                p = self.pending.get(iid)
+            if p is not None:
+                self._try_finish(p)
+            return p
+        log.info("dump for incident %s (%s)", iid, cmd.reason)
+        t0 = time.monotonic()
+        p = self.collect(iid)
+        log.info(
+            "incident %s: collected %d ranks in %.2fs",
+            iid,
+            len(p.bundles),
+            time.monotonic() - t0,
+        )
+        self._try_finish(p)
+        return p
+
+    def collect(self, incident_id: str) -> PendingDump:
+        with self._lock:
+            trackers = list(self.trackers.values())
+        gpu = collector.gpu_snapshot()
+        futures = [
+            self._pool.submit(
+                collector.collect_rank,
+                t,
+                run_dir=self.run_dir,
+                incident_id=incident_id,
+                pyspy=self.cfg.pyspy,
+                gpu=gpu,
+            )
+            for t in trackers
+        ]
+        bundles = [f.result() for f in futures]
+        p = PendingDump(incident_id=incident_id, bundles=bundles)
+        with self._pending_lock:
+            self.pending[incident_id] = p
+        self._collected.add(incident_id)
+        return p
+
+    def _try_finish(self, p: PendingDump) -> None:
+        try:
+            self._finish_dump(p)
+        except (grpc.RpcError, StaleSession) as e:
+            log.warning(
+                "incident %s: upload deferred (%s); kept in %s", p.incident_id, e, self.run_dir
+            )
+
+    def _finish_dump(self, p: PendingDump) -> None:
+        """Upload what is left of the bundle, then CompleteDump. Raises on network errors."""
+        if not p.lock.acquire(blocking=False):
+            return  # another thread is on it
+        try:
+            for b in p.bundles:
+                for name in b.files:
+                    if (b.rank, name) in p.uploaded:
+                        continue
+                    path = os.path.join(b.directory, name)
+                    try:
+                        uploader.upload_file(
+                            self.client, path, incident_id=p.incident_id, rank=b.rank
+                        )
+                    except grpc.RpcError as e:
+                        if e.code() in (
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            grpc.StatusCode.NOT_FOUND,
+                            grpc.StatusCode.DATA_LOSS,
+                        ):
+                            # Refused, not unreachable: retrying would not help.
+                            p.upload_errors[b.rank] = f"{name}: {e.code().name}: {e.details()}"
+                            p.uploaded.add((b.rank, name))
+                            continue
+                        raise
+                    p.uploaded.add((b.rank, name))
+            failures = []
+            dumped = []
+            for b in p.bundles:
+                reason = b.failure or p.upload_errors.get(b.rank, "")
+                if reason:
+                    failures.append(pb.RankFailure(rank=b.rank, reason=reason[:1000]))
+                else:
+                    dumped.append(b.rank)
+            accepted = self.client.complete_dump(
+                pb.DumpResult(
+                    job_id=self.cfg.job_id,
+                    agent_id=self.client.agent_id,
+                    incident_id=p.incident_id,
+                    ranks_dumped=dumped,
+                    failures=failures,
+                )
+            )
+            log.info(
+                "incident %s: uploaded; dumped %s, failed %s (accepted=%s)",
+                p.incident_id,
+                dumped,
+                {f.rank: f.reason for f in failures},
+                accepted,
+            )
+            with self._pending_lock:
+                self.pending.pop(p.incident_id, None)
+        finally:
+            p.lock.release()

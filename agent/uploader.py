@@ -1,0 +1,78 @@
+"""Upload a rank's bundle files to the coordinator in chunks, each file verified by sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+
+from hangwatch.agent.client import CoordinatorClient
+
+from hangwatch.wire import pb
+
+# Room for the chunk's other fields and framing under the message limit.
+_ENVELOPE_BYTES = 64 * 1024
+_MAX_CHUNK = 1 << 20
+
+
+def chunk_size(max_message_bytes: int) -> int:
+    return max(4096, min(_MAX_CHUNK, max_message_bytes - _ENVELOPE_BYTES))
+
+
+def file_chunks(
+    path: str,
+    *,
+    job_id: str,
+    agent_id: str,
+    incident_id: str,
+    rank: int,
+    size: int,
+) -> Iterator[pb.BundleChunk]:
+    """The file as a stream of chunks; the digest goes on the last one."""
+    name = os.path.basename(path)
+    total = os.path.getsize(path)
+    digest = hashlib.sha256()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(size)
+            digest.update(data)
+            last = offset + len(data) >= total
+            chunk = pb.BundleChunk(
+                job_id=job_id,
+                agent_id=agent_id,
+                incident_id=incident_id,
+                rank=rank,
+                file_name=name,
+                offset=offset,
+                data=data,
+                last=last,
+            )
+            if offset == 0:
+                chunk.total_size = total
+            if last:
+                chunk.sha256 = digest.hexdigest()
+            yield chunk
+            offset += len(data)
+            if last:
+                return
+
+
+def upload_file(
+    client: CoordinatorClient, path: str, *, incident_id: str, rank: int
+) -> pb.UploadAck:
+    ack = client.upload(
+        file_chunks(
+            path,
+            job_id=client.cfg.job_id,
+            agent_id=client.agent_id,
+            incident_id=incident_id,
+            rank=rank,
+            size=chunk_size(client.cfg.max_message_bytes),
+        )
+    )
+    if not ack.complete:
+        raise RuntimeError(
+            f"{path}: coordinator stored {ack.bytes_stored} bytes but did not complete it"
+        )
+    return ack
