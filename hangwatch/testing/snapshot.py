@@ -1,0 +1,187 @@
+"""A rank's own snapshot of its flight recorder, written from a background thread.
+
+This is what a hung job leaves behind when each rank that can still run
+Python dumps its own FR buffer: the raw dump, plus (in the bundle layout of
+`hangwatch.formats`) the Python stacks of every thread and a `meta.json`.
+Ranks that are stopped or hold the GIL write nothing, as in real life.
+
+Runs inside a training rank; imports torch.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import pickle
+import re
+import socket
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from hangwatch import formats
+
+SnapshotFormat = Literal["pickle", "json"]
+SnapshotLayout = Literal["bundle", "plain"]
+FORMATS: tuple[SnapshotFormat, ...] = ("pickle", "json")
+LAYOUTS: tuple[SnapshotLayout, ...] = ("bundle", "plain")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupInfo:
+    name: str
+    desc: str
+    ranks: list[int]
+
+
+def _path_roots() -> list[tuple[str, str]]:
+    """Prefixes to strip from file names so golden files carry no machine paths.
+
+    Longest first, so site-packages (inside the venv) wins over the stdlib.
+    """
+    import hangwatch
+
+    repo = str(Path(hangwatch.__file__).resolve().parent.parent)
+    paths = sysconfig.get_paths()
+    roots = {
+        paths["purelib"]: "<site-packages>",
+        paths["platlib"]: "<site-packages>",
+        paths["stdlib"]: "<stdlib>",
+        paths["platstdlib"]: "<stdlib>",
+        repo: "<repo>",
+    }
+    return sorted(roots.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+
+def portable_path(path: str, roots: list[tuple[str, str]]) -> str:
+    for prefix, label in roots:
+        if path == prefix or path.startswith(prefix + os.sep):
+            return label + path[len(prefix) :]
+    # Anything else (a temp dir, a home dir) keeps only its base name.
+    return path if path.startswith("<") else f"<other>/{os.path.basename(path)}"
+
+
+_FILE_RE = re.compile(r'File "([^"]+)"')
+
+
+def _portable_stacks(text: str, roots: list[tuple[str, str]]) -> str:
+    return _FILE_RE.sub(lambda m: f'File "{portable_path(m.group(1), roots)}"', text)
+
+
+def _portable_entries(trace: dict[str, Any], roots: list[tuple[str, str]]) -> None:
+    for entry in trace.get("entries") or []:
+        for frame in entry.get("frames") or []:
+            if isinstance(frame.get("filename"), str):
+                frame["filename"] = portable_path(frame["filename"], roots)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _stacks_text() -> str:
+    # faulthandler needs a real file descriptor; it walks every thread's frames
+    # without running Python code in them.
+    with tempfile.TemporaryFile() as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        return f.read().decode("utf-8", "replace")
+
+
+def in_flight(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Entries not yet retired: under gloo, the only sign of an unfinished collective."""
+    out = []
+    for e in trace.get("entries") or []:
+        if e.get("retired"):
+            continue
+        name = str(e.get("profiling_name") or "")
+        out.append(
+            {
+                "group": str(e["process_group"][0]),
+                "seq": int(e["collective_seq_id"]),
+                "op": name.split(":", 1)[-1],
+            }
+        )
+    return out
+
+
+def _pg_ids(trace: dict[str, Any]) -> dict[str, int]:
+    """Group name -> this rank's local pg_id, as FR recorded it."""
+    return {str(e["process_group"][0]): int(e["pg_id"]) for e in trace.get("entries") or []}
+
+
+def write_snapshot(
+    out_dir: Path,
+    *,
+    rank: int,
+    groups: list[GroupInfo],
+    fmt: SnapshotFormat,
+    layout: SnapshotLayout,
+    portable: bool,
+    frames: bool = True,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Dump this rank's FR buffer (and stacks + meta in the bundle layout).
+
+    Returns the FR file written and the collectives it shows in flight.
+    `frames=False` leaves out the entries' Python call sites: torch 2.13's
+    first dump with them imports torch._inductor (about 800 modules, seconds
+    of CPU), which a test suite on two cores cannot pay per rank.
+    """
+    # Private bindings, absent from torch's type stubs.
+    c10d: Any = torch._C._distributed_c10d
+    raw = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=frames, onlyActive=False)
+    # Our own process's bytes, just produced by torch: trusted input.
+    trace: dict[str, Any] = pickle.loads(raw)
+    roots = _path_roots()
+    if fmt == "pickle":
+        if portable:
+            _portable_entries(trace, roots)
+            raw = pickle.dumps(trace)
+        data = raw
+    else:
+        # The JSON dump has no frames, so there are no paths in it to rewrite.
+        data = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+    flights = in_flight(trace)
+
+    rank_dir = out_dir / f"rank_{rank}" if layout == "bundle" else out_dir
+    fr_path = rank_dir / f"{formats.FR_FILE_PREFIX}{rank}"
+    if layout == "bundle":
+        stacks = _stacks_text()
+        if portable:
+            stacks = _portable_stacks(stacks, roots)
+        _atomic_write(rank_dir / formats.STACKS_FILE, stacks.encode())
+        pg_ids = _pg_ids(trace)
+        meta = {
+            "schema": formats.RANKMETA,
+            "rank": rank,
+            "host": "localhost" if portable else socket.gethostname(),
+            "pid": os.getpid(),
+            # A rank cannot observe its own scheduler state while it runs this.
+            "process_state": "unknown",
+            "reachable": True,
+            "groups": [
+                {"name": g.name, "desc": g.desc, "pg_id": pg_ids.get(g.name), "ranks": g.ranks}
+                for g in groups
+                if rank in g.ranks
+            ],
+            "sources": {"fr": "thread", "stacks": "thread", "gpu": "none", "process": "none"},
+            "gpu": {"available": False, "reason": "CPU-only gloo test job"},
+            "errors": {},
+        }
+        _atomic_write(rank_dir / formats.META_FILE, json.dumps(meta, indent=1).encode())
+    # The FR file last: its presence means the rank's snapshot is complete.
+    _atomic_write(fr_path, data)
+    return fr_path, flights
