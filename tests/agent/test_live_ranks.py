@@ -1,0 +1,190 @@
+"""Hook, poller, collector and agent against one real hung 2-rank gloo job.
+
+Rank 1 stops calling collectives after 5 steps; rank 0 blocks in all_reduce #6
+of the default group. Tests run in file order and share the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hangwatch.agent import collector, endpoint
+from hangwatch.agent.ranks import RankTracker, poll_rank
+from hangwatch.agent.service import Agent
+from hangwatch.analyzer.safepickle import safe_loads
+
+from hangwatch import formats, hook_protocol
+from hangwatch.config import Config
+from hangwatch.wire import pb
+from tests.agent.live_ranks import PYSPY, Job, socket_of
+
+pytestmark = pytest.mark.torch
+
+
+def _trackers(job: Job) -> dict[int, RankTracker]:
+    out = {}
+    for rank, info in job.rankinfo().items():
+        path = str(job.run_dir / "hook" / f"{info['pid']}.json")
+        out[rank] = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=0.0)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_rankinfo_pg_ids_match_flight_recorder(hang_job: Job) -> None:
+    infos = hang_job.rankinfo()
+    assert sorted(infos) == [0, 1], hang_job.output()
+    for rank, info in infos.items():
+        assert info["schema"] == formats.RANKINFO
+        assert info["pid"] == hang_job.pid(rank)
+        assert info["fr_source"] == "worker-server"
+        assert info["world_size"] == 2 and info["backend"] == "gloo"
+        # The truth: FR entries carry both the local pg_id and the group name.
+        doc = json.loads(endpoint.call(socket_of(info), hook_protocol.FR_TRACE_JSON, timeout=5))
+        from_fr = {e["pg_id"]: e["process_group"][0] for e in doc["entries"]}
+        from_hook = {g["pg_id"]: g["name"] for g in info["groups"]}
+        assert from_fr == {k: v for k, v in from_hook.items() if k in from_fr}, (from_fr, from_hook)
+        # Rank 1 is not in the "head" group (ranks [0]): its pg_ids shift, as FR's do.
+        names = [g["name"] for g in info["groups"]]
+        assert ("1" in names) == (rank == 0)
+        for g in info["groups"]:
+            assert rank in g["ranks"]
+    log0 = hang_job.logs[0].read_text()
+    assert f"'TORCH_FR_DUMP_TEMP_FILE': '{hang_job.run_dir}/fr/fr_trace_rank_'" in log0
+
+
+@pytest.mark.timeout(60)
+def test_status_handler_is_status_only_and_pickle_is_torchs(hang_job: Job) -> None:
+    info = hang_job.rankinfo()[0]
+    sock = socket_of(info)
+    status = endpoint.call(sock, hook_protocol.STATUS, timeout=2)
+    doc = json.loads(status)
+    assert "entries" not in doc and len(status) < 2048, status[:300]
+    assert doc["pg_status"]["0"]["last_enqueued_collective"] == "6"
+    assert doc["pg_status"]["0"]["last_completed_collective"] == "5"
+    fr = safe_loads(endpoint.call(sock, hook_protocol.FR_PICKLE, timeout=10))
+    assert fr["entries"] and all("frames" in e for e in fr["entries"])
+    assert endpoint.call(sock, hook_protocol.PING, timeout=2) == b"pong"
+
+
+@pytest.mark.timeout(60)
+def test_poll_reports_the_stall_with_agent_clock_ages(hang_job: Job) -> None:
+    trackers = _trackers(hang_job)
+    t0 = time.monotonic()
+    first = {r: poll_rank(t, t0, entries_after_s=0.3) for r, t in trackers.items()}
+    assert all(not res.events for res in first.values())
+    time.sleep(0.4)
+    t1 = time.monotonic()
+    second = {r: poll_rank(t, t1, entries_after_s=0.3) for r, t in trackers.items()}
+    p0 = {g.group: g for g in trackers[0].progress_pb(t1).groups}
+    p1 = {g.group: g for g in trackers[1].progress_pb(t1).groups}
+    assert trackers[0].state == pb.PROCESS_STATE_RUNNING
+    assert (p0["0"].last_enqueued, p0["0"].last_completed) == (6, 5)
+    assert (p1["0"].last_enqueued, p1["0"].last_completed) == (5, 5)
+    assert p0["0"].HasField("oldest_in_flight") and not p1["0"].HasField("oldest_in_flight")
+    assert p0["0"].oldest_in_flight.seq == 6
+    assert p0["0"].oldest_in_flight.age_s == pytest.approx(t1 - t0, abs=0.05)
+    # In flight past the threshold: the full dump was fetched once, as deltas.
+    new = second[0].entries
+    assert new and new[-1].profiling_name == "gloo:all_reduce" and new[-1].group == "0"
+    assert p0["0"].oldest_in_flight.op == "all_reduce"
+    assert [e.record_id for e in new] == sorted(e.record_id for e in new)
+    assert not second[1].entries  # nothing in flight on rank 1: no full dump
+    third = poll_rank(trackers[0], time.monotonic(), entries_after_s=0.3)
+    assert not third.entries  # no new records since
+
+
+@pytest.mark.timeout(60)
+def test_collect_bundle_with_a_frozen_rank(hang_job: Job, tmp_path: Path) -> None:
+    trackers = _trackers(hang_job)
+    hang_job.sigstop(1)
+    try:
+        time.sleep(0.2)
+        res = poll_rank(trackers[1], time.monotonic(), entries_after_s=1.0)
+        assert trackers[1].state == pb.PROCESS_STATE_STOPPED and not res.events
+        gpu = collector.gpu_snapshot()
+        run_dir = str(hang_job.run_dir)
+        b0 = collector.collect_rank(
+            trackers[0], run_dir=run_dir, incident_id="inc-1", pyspy=PYSPY, gpu=gpu
+        )
+        t = time.monotonic()
+        b1 = collector.collect_rank(
+            trackers[1], run_dir=run_dir, incident_id="inc-1", pyspy=PYSPY, gpu=gpu
+        )
+        frozen_s = time.monotonic() - t
+    finally:
+        hang_job.sigcont(1)
+    assert b0.failure == "" and b0.sources["fr"] == "worker-server"
+    assert b0.sources["stacks"] == "worker-server"
+    d0 = Path(b0.directory)
+    assert sorted(p.name for p in d0.iterdir()) == ["fr_trace_rank_0", "meta.json", "stacks.txt"]
+    assert "all_reduce" in (d0 / "stacks.txt").read_text()
+    assert safe_loads((d0 / "fr_trace_rank_0").read_bytes())["pg_status"]["0"]
+    assert b1.failure == "process stopped (SIGSTOP?)"
+    meta1 = json.loads((Path(b1.directory) / "meta.json").read_text())
+    assert meta1["schema"] == formats.RANKMETA and meta1["process_state"] == "stopped"
+    assert meta1["sources"]["fr"] == "none" and not meta1["reachable"]
+    # py-spy reads a stopped process without its help (with --nonblocking).
+    assert meta1["sources"]["stacks"] == "py-spy", meta1["errors"]
+    assert "rankjob.py" in (Path(b1.directory) / "stacks.txt").read_text()
+    assert frozen_s < collector.PYSPY_TIMEOUT_S + 1
+    assert meta1["gpu"]["available"] in (True, False)
+    if not meta1["gpu"]["available"]:
+        assert meta1["gpu"]["reason"]
+
+
+@pytest.mark.timeout(90)
+def test_agent_end_to_end_with_the_real_coordinator(hang_job: Job, tmp_path: Path) -> None:
+    from hangwatch.server.coordinator import Coordinator
+
+    token = "s3cret-token"
+    server_cfg = Config(
+        data_dir=str(tmp_path / "data"),
+        grpc_port=0,
+        http_port=0,
+        stall_timeout=1.0,
+        dump_deadline=20.0,
+        token=token,
+    )
+    with Coordinator(server_cfg) as coord:
+        cfg = Config(
+            coordinator=coord.grpc_address,
+            run_dir=str(hang_job.run_dir),
+            poll_interval=0.3,
+            job_id="live",
+            node_id="node-a",
+            token=token,
+            pyspy=PYSPY,
+        )
+        agent = Agent(cfg)
+        th = threading.Thread(target=agent.run, daemon=True)
+        th.start()
+        try:
+            incident_dir = None
+            deadline = time.monotonic() + 45
+            while time.monotonic() < deadline and incident_dir is None:
+                time.sleep(0.3)
+                for d in (tmp_path / "data").rglob("incident.json"):
+                    inc = json.loads(d.read_text())
+                    if sorted(inc.get("ranks_dumped", [])) == [0, 1]:
+                        incident_dir = d.parent
+            assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
+            snap = coord.registry.snapshot("live")
+            assert snap is not None and sorted(r.rank for r in snap.ranks) == [0, 1]
+        finally:
+            agent.stop.set()
+            t = time.monotonic()
+            th.join(10)
+            assert not th.is_alive() and time.monotonic() - t < 8
+    # The coordinator's copy is byte-identical to the agent's local copy.
+    local = hang_job.run_dir / "bundles" / incident_dir.name
+    for rank in (0, 1):
+        for name in (f"fr_trace_rank_{rank}", "meta.json", "stacks.txt"):
+            mine = (local / f"rank_{rank}" / name).read_bytes()
+            theirs = (incident_dir / f"rank_{rank}" / name).read_bytes()
+            assert hashlib.sha256(mine).digest() == hashlib.sha256(theirs).digest()
+    assert agent.polls >= 3
