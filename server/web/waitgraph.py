@@ -27,6 +27,9 @@ ROW_GAP = 26
 PAD = 20
 MAX_NODES = 80  # beyond this the picture is unreadable anyway; the table below lists all
 MAX_LABELS_PER_EDGE = 3
+# Beyond this many edges, labels drawn on the lines only overlap each other:
+# they move to each edge's tooltip and the table under the graph.
+MAX_LABELLED_EDGES = 12
 
 
 @dataclass(kw_only=True)
@@ -204,9 +207,22 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
     columns: dict[int, list[Node]] = defaultdict(list)
     for n in nodes:
         columns[n.layer].append(n)
-    for lyr, col in columns.items():
-        col.sort(key=lambda n: n.ranks[0])
+    # Culprits in rank order; every other column ordered by where its targets
+    # sit (barycentre), which keeps edges from crossing needlessly.
+    slot: dict[int, float] = {}
+    kept_succ: dict[int, list[int]] = defaultdict(list)
+    for ge in graph_edges:
+        kept_succ[ge.src].append(ge.dst)
+    for lyr in sorted(columns):
+        col = columns[lyr]
+
+        def centre(n: Node) -> tuple[float, int]:
+            ys = [slot[d] for d in kept_succ[n.id] if d in slot]
+            return (sum(ys) / len(ys) if ys else math.inf, n.ranks[0])
+
+        col.sort(key=centre if lyr > 0 else (lambda n: (0.0, n.ranks[0])))
         for i, n in enumerate(col):
+            slot[n.id] = float(i)
             n.x = PAD + (max_layer - lyr) * (box_w + COL_GAP)
             n.y = PAD + 24 + i * (BOX_H + ROW_GAP)
     return WaitGraph(nodes=nodes, edges=graph_edges, dropped_nodes=dropped, box_w=box_w)
@@ -245,7 +261,13 @@ def render_svg(graph: WaitGraph) -> Markup:
         '<marker id="wf-arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
         'class="wf-arrowhead"/></marker></defs>',
-        f'<text class="wf-caption" x="{PAD}" y="{PAD}">waiting ranks &#8594; the ranks they wait on</text>',
+        f'<text class="wf-caption" x="{PAD}" y="{PAD}">waiting ranks &#8594; the ranks they wait on'
+        + (
+            ""
+            if len(graph.edges) <= MAX_LABELLED_EDGES
+            else " (hover an edge for its group and sequence number)"
+        )
+        + "</text>",
     ]
     for e in graph.edges:
         a, b = by_id[e.src], by_id[e.dst]
@@ -268,7 +290,12 @@ def render_svg(graph: WaitGraph) -> Markup:
             f'<g class="{cls}"><title>{escape(a.label)} waits on {escape(b.label)}: {label}</title>'
             f'<path d="M {_f(x1)} {_f(y1)} Q {_f(cx)} {_f(cy)} {_f(x2)} {_f(y2)}" '
             f'marker-end="url(#wf-arrow)"/>'
-            f'<text x="{_f(lx)}" y="{_f(ly - 4)}" text-anchor="middle">{label}</text></g>'
+            + (
+                f'<text x="{_f(lx)}" y="{_f(ly - 4)}" text-anchor="middle">{label}</text>'
+                if len(graph.edges) <= MAX_LABELLED_EDGES
+                else ""
+            )
+            + "</g>"
         )
     for n in graph.nodes:
         tip = f"{n.label}: {n.kind}; ranks {rank_ranges(n.ranks)}"
