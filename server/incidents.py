@@ -116,6 +116,9 @@ class IncidentManager:
         self._tick_s = tick_s if tick_s is not None else min(1.0, max(0.05, stall_timeout / 5))
         self._lock = threading.Lock()
         self._collecting: dict[str, _Collecting] = {}
+        # job -> (last incident, coordinator time it opened): while the job has
+        # made no progress since, any new symptom belongs to that same hang.
+        self._last: dict[str, tuple[str, float]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangwatch-analyze")
@@ -293,6 +296,10 @@ class IncidentManager:
                 prior = self.registry.handled_by(job_id, k)
                 if prior is not None:
                     return prior
+            last = self._last.get(job_id)
+            if last is not None and not self.registry.progressed_since(job_id, last[1]):
+                self.registry.mark_handled(job_id, keys, last[0])
+                return last[0]
             expected = set(self.registry.expected_ranks(job_id))
             agents, unreachable = self.registry.dump_targets(job_id)
             snap = self.registry.snapshot(job_id)
@@ -315,6 +322,10 @@ class IncidentManager:
                 trigger_info=info,
             )
             self._collecting[row.id] = inc
+            self._last.pop(job_id, None)
+            self._last[job_id] = (row.id, now)
+            while len(self._last) > 4096:  # bounded under job churn: oldest first
+                del self._last[next(iter(self._last))]
             self.registry.set_open_incident(job_id, row.id)
             self.registry.mark_handled(job_id, keys, row.id)
         self.metrics.inc("hangwatch_incidents_opened_total", labels={"trigger": trigger})
@@ -529,7 +540,10 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
             )
         )
     innocent = [r for r in unobserved if r not in blamed]
-    note = f"Ranks {fmt_ranks(unobserved)} were unobserved (agent unreachable)"
+    why = ", ".join(
+        p for p in _UNOBSERVED_PREFIXES if any(unreachable[r].startswith(p) for r in unobserved)
+    )
+    note = f"Ranks {fmt_ranks(unobserved)} were unobserved ({why})"
     if innocent and len(innocent) < len(unobserved):
         note += f"; ranks {fmt_ranks(innocent)} are not blamed"
     elif innocent:

@@ -214,6 +214,7 @@ class _Job:
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     entries_dropped: int = 0
     last_seen: float = 0.0
+    last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more
 
 
 class StaleSession(Exception):
@@ -411,6 +412,7 @@ class JobRegistry:
                         continue  # a group it never registered: membership unknown
                     if gp.last_completed != rg.last_completed:
                         g.last_progress = now
+                        job.last_progress = now
                     rg.last_enqueued = gp.last_enqueued
                     rg.last_completed = gp.last_completed
                     rg.reported_at = now
@@ -549,6 +551,12 @@ class JobRegistry:
                 if r.rank not in excluded and self._rank_observed(job, r)
                 for rg in r.groups.values()
             )
+
+    def progressed_since(self, job_id: str, t: float) -> bool:
+        """Did any rank of the job complete a collective after coordinator time t?"""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job is not None and job.last_progress > t
 
     def set_open_incident(self, job_id: str, incident_id: str | None) -> None:
         with self._lock:

@@ -167,11 +167,13 @@ def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.Coord
     doc = json.loads((coordinator.store.incident_dir(iid) / formats.INCIDENT_FILE).read_text())
     assert doc["schema"] == formats.INCIDENT and doc["ranks_dumped"] == [0, 1, 2, 3]
     assert doc["trigger"]["stalled"][0]["not_entered_ranks"] == [2]
-    assert (
-        coordinator.metrics.counter(
+    # Metrics are updated just after the row is stored.
+    wait_for(
+        lambda: coordinator.metrics.counter(
             "hangwatch_incidents_total", {"verdict": "hang", "trigger": "stall"}
-        )
-        == 1
+        ),
+        5,
+        "incidents_total{verdict=hang}",
     )
     hist = coordinator.metrics.histogram("hangwatch_detection_seconds")
     assert hist is not None and hist.n == 1
@@ -479,3 +481,45 @@ def test_coordinator_restart_keeps_incidents_and_agents_reregister(
         assert a.progress({0: (5, 4), 1: (5, 4)}) is True
     assert c2.registry.jobs() == [JOB]
     assert [r.id for r in c2.store.list_incidents(job_id=JOB)] == [iid]
+
+
+@pytest.mark.timeout(60)
+def test_one_incident_per_hang_until_the_job_progresses(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    c = start_coordinator(dump_deadline=0.3)
+    groups = {"0": [0, 1, 2, 3], "1": [0, 1]}
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a = ProtocolAgent(
+            stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=4, groups=groups
+        )
+        b = ProtocolAgent(
+            stub, job_id=JOB, agent_id="node-b", ranks=[2, 3], world_size=4, groups=groups
+        )
+        for ag in (a, b):
+            ag.register()
+            ag.watch()
+        # Subgroup 1 hangs: rank 1 never enters its seq 3.
+        a.progress({0: (3, 2), 1: (2, 2)}, group="1")
+        first = a.next_command(timeout=5).incident_id
+        assert b.next_command(timeout=5).incident_id == first
+        wait_for(lambda: not c.incidents.is_collecting(first), 10, "first incident to close")
+        wait_for(lambda: c.registry.open_incident(JOB) is None, 10, "first incident analysed")
+        # The hang spreads: ranks 2,3 now wait in the default group for ranks 0,1.
+        a.progress({0: (6, 6), 1: (6, 6)}, group="0")
+        b.progress({2: (7, 6), 3: (7, 6)}, group="0")
+        time.sleep(1.2)
+        assert [r.id for r in c.store.list_incidents()] == [first]
+        _no_command(b, 0.1)
+        # The job recovers, then hangs anew: that is a second incident.
+        for ag, rs in ((a, (0, 1)), (b, (2, 3))):
+            ag.progress({r: (7, 7) for r in rs}, group="0")
+        a.progress({0: (3, 3), 1: (3, 3)}, group="1")
+        a.progress({0: (8, 7), 1: (8, 7)}, group="0")
+        b.progress({2: (7, 7), 3: (8, 7)}, group="0")
+        second = b.next_command(timeout=5).incident_id
+        assert second != first
+        assert len(c.store.list_incidents()) == 2
+        a.close()
+        b.close()
