@@ -1,0 +1,364 @@
+"""`hangwatch demo`: the whole loop on loopback, with a real gloo job that hangs.
+
+It starts a coordinator (unless `--coordinator` points at one), one agent and
+N real gloo ranks under the hook, injects a hang-zoo scenario, waits for the
+coordinator's incident and prints its verdict. `--scenario healthy` must end
+with no incident. Nothing here is simulated: the verdict comes from the same
+coordinator, agent and analyzer a real job uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hangwatch import config as cfg
+from hangwatch import env
+
+EXIT_NO_INCIDENT = 1
+EXIT_USAGE = 2
+SCENARIOS = (
+    "skip",
+    "compute",
+    "frozen",
+    "two",
+    "mismatch",
+    "subgroup",
+    "order",
+    "wrap",
+    "gil",
+    "p2p",
+    "healthy",
+)
+# Shorter than the server's defaults so the demo answers in seconds; an
+# explicit flag or HANGWATCH_* variable still wins.
+DEMO_DEFAULTS: dict[str, float] = {
+    "stall_timeout": 3.0,
+    "poll_interval": 0.5,
+    "dump_deadline": 10.0,
+    "agent_lost_timeout": 10.0,
+}
+
+
+def add_parser(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        cfg.DEMO,
+        help="Run a real gloo job on loopback that hangs, and watch hangwatch diagnose it.",
+        description=(
+            "Start a coordinator, an agent and N real gloo ranks on loopback, inject a hang "
+            "from the hang zoo, wait for the incident and print its verdict."
+        ),
+    )
+    p.add_argument(
+        "--scenario", choices=SCENARIOS, default="skip", help="Hang to inject (default: skip)."
+    )
+    p.add_argument("--ranks", type=int, default=4, help="Number of gloo ranks (default: 4).")
+    p.add_argument(
+        "--json", action="store_true", help="Print the report plus incident fields as JSON."
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="Leave the coordinator and dashboard up until Ctrl-C."
+    )
+    p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for the verdict.")
+    cfg.add_arguments(p, cfg.DEMO)
+    p.set_defaults(func=run)
+
+
+@dataclass(kw_only=True)
+class Coordinator:
+    grpc: str
+    http: str
+    proc: subprocess.Popen[bytes] | None
+
+
+def _say(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(f"hangwatch demo: {msg}", file=sys.stderr, flush=True)
+
+
+def _explicit(ns: argparse.Namespace, name: str) -> bool:
+    flag_set = getattr(ns, name, None) is not None
+    env_name = cfg.Config.__dataclass_fields__[name].metadata["env"]
+    return flag_set or env_name in os.environ
+
+
+def _config(ns: argparse.Namespace) -> cfg.Config:
+    overrides = {k: v for k, v in DEMO_DEFAULTS.items() if not _explicit(ns, k)}
+    conf = cfg.from_sources(ns, **overrides)
+    if not _explicit(ns, "job_id"):
+        conf.job_id = f"demo-{ns.scenario}-{os.getpid()}"
+    return conf
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _start_server(conf: cfg.Config, data_dir: Path, logs: Path) -> Coordinator:
+    info_path = data_dir / "server.json"
+    info_path.unlink(missing_ok=True)
+    cmd = [
+        sys.executable, "-m", "hangwatch", "server",
+        "--grpc-port", "0", "--http-port", "0", "--data-dir", str(data_dir),
+        "--stall-timeout", str(conf.stall_timeout), "--dump-deadline", str(conf.dump_deadline),
+        "--agent-lost-timeout", str(conf.agent_lost_timeout), "--log-level", conf.log_level,
+    ]  # fmt: skip
+    log = (logs / "server.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"coordinator exited with {proc.returncode}: {_tail(logs / 'server.log')}"
+            )
+        if info_path.exists():
+            try:
+                info = json.loads(info_path.read_text())
+                return Coordinator(grpc=info["grpc"], http=info["http"], proc=proc)
+            except (ValueError, KeyError):
+                pass  # written atomically, but be patient with a partial read
+        time.sleep(0.1)
+    _stop(proc)
+    raise RuntimeError(f"coordinator did not start within 60 s: {_tail(logs / 'server.log')}")
+
+
+def _dashboard_of(conf: cfg.Config) -> str:
+    """Ask a running coordinator where its dashboard is (Health carries it)."""
+    import grpc
+
+    from hangwatch.wire import pb, rpc
+
+    with grpc.insecure_channel(conf.coordinator) as ch:
+        health = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
+    url = getattr(health, "dashboard_url", "")
+    if not url:
+        raise RuntimeError(f"coordinator {conf.coordinator} did not report its dashboard URL")
+    return str(url)
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_bytes()[-limit:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Api:
+    def __init__(self, base: str, token: str | None) -> None:
+        self.base = base.rstrip("/")
+        self.token = token
+
+    def get(self, path: str, **params: str) -> Any:
+        url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        req = urllib.request.Request(url)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+
+def _wait_incident(api: Api, job: str, timeout: float, alive: Any) -> dict[str, Any] | None:
+    """Poll until the job's first incident is analysed (or failed); None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive()
+        try:
+            items = api.get("/api/incidents", job=job)
+        except (urllib.error.URLError, OSError):
+            items = []
+        done = [i for i in items if i["status"] in ("analyzed", "failed")]
+        if done:
+            first = min(done, key=lambda i: i["created"])
+            detail: dict[str, Any] = api.get(f"/api/incidents/{first['id']}")
+            return detail
+        time.sleep(0.2)
+    return None
+
+
+def run(ns: argparse.Namespace) -> int:
+    from hangwatch.testing.launch import JobFailed, launch_job
+    from hangwatch.testing.scenarios import get_scenario
+
+    try:
+        conf = _config(ns)
+        scenario = get_scenario(ns.scenario)
+        scenario.check_world(ns.ranks)
+        token = conf.resolved_token()
+    except (ValueError, OSError) as e:
+        print(f"hangwatch demo: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    quiet = ns.json
+    work = Path(tempfile.mkdtemp(prefix="hangwatch-demo-"))
+    data_dir = Path(conf.data_dir) if _explicit(ns, "data_dir") else work / "data"
+    run_dir = Path(conf.run_dir) if _explicit(ns, "run_dir") else work / "run"
+    logs = work / "logs"
+    for d in (data_dir, run_dir, logs):
+        d.mkdir(parents=True, exist_ok=True)
+
+    with ExitStack() as stack:
+        if _explicit(ns, "coordinator"):
+            coord = Coordinator(grpc=conf.coordinator, http=_dashboard_of(conf), proc=None)
+        else:
+            coord = _start_server(conf, data_dir, logs)
+            if not ns.keep:
+                stack.callback(_stop, coord.proc)
+        _say(quiet, f"coordinator grpc={coord.grpc} dashboard={coord.http}")
+
+        child_env = {
+            env.HANGWATCH_RUN_DIR: str(run_dir),
+            env.HANGWATCH_JOB_ID: conf.job_id,
+            env.HANGWATCH_COORDINATOR: coord.grpc,
+        }
+        agent_cmd = [
+            sys.executable, "-m", "hangwatch", "agent",
+            "--coordinator", coord.grpc, "--run-dir", str(run_dir), "--job-id", conf.job_id,
+            "--poll-interval", str(conf.poll_interval), "--log-level", conf.log_level,
+        ]  # fmt: skip
+        agent_log = (logs / "agent.log").open("wb")
+        agent = subprocess.Popen(
+            agent_cmd, stdout=agent_log, stderr=subprocess.STDOUT, env={**os.environ, **child_env}
+        )
+        stack.callback(_stop, agent)
+
+        def alive() -> None:
+            if agent.poll() is not None:
+                raise RuntimeError(
+                    f"agent exited with {agent.returncode}: {_tail(logs / 'agent.log')}"
+                )
+            if coord.proc is not None and coord.proc.poll() is not None:
+                raise RuntimeError(f"coordinator exited: {_tail(logs / 'server.log')}")
+
+        _say(
+            quiet,
+            f"launching {ns.ranks} gloo ranks, scenario {scenario.name!r}: {scenario.description}",
+        )
+        try:
+            job = launch_job(
+                scenario, ns.ranks, workdir=work / "job", attach=True, extra_env=child_env
+            )
+        except JobFailed as e:
+            print(f"hangwatch demo: the training job failed to start: {e}", file=sys.stderr)
+            return EXIT_NO_INCIDENT
+        stack.enter_context(job)
+        api = Api(coord.http, token)
+        try:
+            result = _observe(ns, conf, scenario, job, api, alive, quiet)
+        except RuntimeError as e:
+            print(f"hangwatch demo: {e}", file=sys.stderr)
+            return EXIT_NO_INCIDENT
+        if ns.keep and coord.proc is not None:
+            _say(quiet, f"coordinator left running: dashboard {coord.http} (Ctrl-C to stop)")
+            stack.callback(_wait_then_stop, coord.proc)
+    if not ns.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _observe(
+    ns: argparse.Namespace,
+    conf: cfg.Config,
+    scenario: Any,
+    job: Any,
+    api: Api,
+    alive: Any,
+    quiet: bool,
+) -> int:
+    world = ns.ranks
+    if scenario.name == "healthy":
+        job.wait(timeout=ns.timeout)
+        job.check_no_crash()
+        # A healthy job must not raise an alarm, even after the stall timeout.
+        time.sleep(conf.stall_timeout + 2 * conf.poll_interval)
+        items = api.get("/api/incidents", job=conf.job_id)
+        if ns.json:
+            print(
+                json.dumps(
+                    {
+                        "scenario": "healthy",
+                        "incidents": items,
+                        "stall_timeout_s": conf.stall_timeout,
+                    }
+                )
+            )
+        elif items:
+            print(f"FALSE ALARM: {len(items)} incident(s) on a healthy job", file=sys.stderr)
+        else:
+            print("healthy job: every rank finished, no incident raised.")
+        return EXIT_NO_INCIDENT if items else 0
+
+    fault_unix = job.wait_fault_injected(timeout=60)
+    _say(quiet, f"fault injected; waiting for the verdict (stall timeout {conf.stall_timeout:g} s)")
+    incident = _wait_incident(api, conf.job_id, ns.timeout, alive)
+    if incident is None:
+        raise RuntimeError(f"no incident within {ns.timeout:g} s")
+    detection_s = incident["updated"] - fault_unix
+    report = incident.get("report") or {}
+    out = dict(report)
+    out.update(
+        incident_id=incident["id"],
+        injected_ranks=scenario.guilty_ranks(world),
+        detection_s=round(detection_s, 3),
+        stall_timeout_s=conf.stall_timeout,
+        ranks_dumped=incident["ranks_dumped"],
+        ranks_unreachable={str(k): v for k, v in incident["ranks_unreachable"].items()},
+    )
+    if ns.json:
+        print(json.dumps(out))
+    else:
+        _print_human(out, incident, api.base)
+    return 0
+
+
+def _print_human(out: dict[str, Any], incident: dict[str, Any], dashboard: str) -> None:
+    from rich.console import Console
+
+    from hangwatch.analyzer.render import render
+    from hangwatch.analyzer.report import Report
+
+    console = Console()
+    if out.get("schema"):
+        render(Report.from_dict({k: v for k, v in out.items() if k in _REPORT_KEYS}), console)
+    else:
+        console.print(
+            f"[bold]incident {incident['id']}[/]: {incident.get('error') or incident['status']}"
+        )
+    console.print(
+        f"injected ranks {out['injected_ranks']}, detected in {out['detection_s']:.1f} s "
+        f"(stall timeout {out['stall_timeout_s']:g} s); dumped {out['ranks_dumped']}, "
+        f"unreachable {out['ranks_unreachable'] or 'none'}"
+    )
+    console.print(f"incident page: {dashboard}/incidents/{incident['id']}")
+
+
+_REPORT_KEYS = (
+    "schema", "verdict", "summary", "stalled_collective", "lagging_ranks", "findings", "ranks_loaded",
+    "ranks_missing", "errors", "groups", "waits_for", "evidence",
+)  # fmt: skip
+
+
+def _wait_then_stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        _stop(proc)
