@@ -97,8 +97,8 @@ def _explicit(ns: argparse.Namespace, name: str) -> bool:
 
 
 def _config(ns: argparse.Namespace) -> cfg.Config:
-    overrides = {k: v for k, v in DEMO_DEFAULTS.items() if not _explicit(ns, k)}
-    conf = cfg.from_sources(ns, **overrides)
+    overrides: dict[str, Any] = {k: v for k, v in DEMO_DEFAULTS.items() if not _explicit(ns, k)}
+    conf = cfg.from_sources(ns, os.environ, **overrides)
     if not _explicit(ns, "job_id"):
         conf.job_id = f"demo-{ns.scenario}-{os.getpid()}"
     return conf
@@ -221,7 +221,7 @@ def run(ns: argparse.Namespace) -> int:
             coord = Coordinator(grpc=conf.coordinator, http=_dashboard_of(conf), proc=None)
         else:
             coord = _start_server(conf, data_dir, logs)
-            if not ns.keep:
+            if not ns.keep and coord.proc is not None:
                 stack.callback(_stop, coord.proc)
         _say(quiet, f"coordinator grpc={coord.grpc} dashboard={coord.http}")
 
