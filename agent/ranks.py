@@ -71,6 +71,8 @@ class RankTracker:
     events_offset: int = 0
     last_exception: str = ""
     mapping_warned: set[int] = field(default_factory=set)
+    # Highest collective seq per group whose entry says retired (gloo's completion signal).
+    retired_seq: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.apply_info(self.info)
@@ -135,6 +137,10 @@ class RankTracker:
             g = self.groups.setdefault(name, GroupState(name=name))
             enq = int(st.get("last_enqueued_collective", -1))
             comp = int(st.get("last_completed_collective", -1))
+            # gloo can leave the last finished collective uncounted in pg_status
+            # (measured: (enqueued 5, completed 4) on an idle rank whose entry #5
+            # is retired); the entries, when fetched, settle it.
+            comp = max(comp, min(enq, self.retired_seq.get(name, -1)))
             started = int(st.get("last_started_collective", -1))
             if comp != g.last_completed:
                 g.completed_changed_at = now
@@ -217,6 +223,8 @@ class RankTracker:
             profiling = str(e.get("profiling_name", ""))
             if not e.get("is_p2p"):
                 self.ops[(name, seq)] = profiling
+                if e.get("retired") and seq > self.retired_seq.get(name, -1):
+                    self.retired_seq[name] = seq
             rid = int(e.get("record_id", -1))
             if rid <= self.last_record_id:
                 continue
