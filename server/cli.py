@@ -123,6 +123,7 @@ def run(ns: argparse.Namespace) -> int:
     http_port = http_sock.getsockname()[1]
     http_address = "http://" + hostport(conf.host, http_port)
     coord.context.http_address = http_address
+    coord.service.dashboard_url = http_address
     app = create_app(coord.context)
     uv = uvicorn.Server(
         uvicorn.Config(app, log_level=conf.log_level.lower(), access_log=False, lifespan="on")

@@ -112,6 +112,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self.max_file_bytes = max_file_bytes
         self.uploads = UploadTracker()
         self.stopping = threading.Event()
+        # Set once the HTTP side is bound; Health reports it.
+        self.dashboard_url = ""
         self._streams: set[asyncio.Event] = set()
 
     def shutdown_streams(self) -> None:
@@ -352,6 +354,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
             serving=not self.stopping.is_set(),
             version=__version__,
             agents_connected=self.registry.agents_connected(),
+            dashboard_url=self.dashboard_url,
         )
 
 

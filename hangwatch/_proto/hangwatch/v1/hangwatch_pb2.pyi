@@ -321,11 +321,13 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("serving", "version", "agents_connected")
+    __slots__ = ("serving", "version", "agents_connected", "dashboard_url")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     version: str
     agents_connected: int
-    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ...) -> None: ...
+    dashboard_url: str
+    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
