@@ -66,6 +66,8 @@ def build(report: Report) -> list[GroupTimeline]:
         lanes_by: dict[tuple[object, object], list[int]] = defaultdict(list)
         refs: dict[tuple[object, object], tuple[CollectiveRef | None, CollectiveRef | None]] = {}
         for rank, (comp, ent) in sorted(ranks.items()):
+            if ent is not None and comp is not None and ent.seq <= comp.seq:
+                ent = None  # its last entered is the one it completed: nothing in flight
             key = (_sig(comp), _sig(ent))
             lanes_by[key].append(rank)
             refs[key] = (comp, ent)

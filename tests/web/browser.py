@@ -46,12 +46,18 @@ def chromium_or_skip() -> str:
 @dataclass
 class BrowserSession:
     context: object  # playwright BrowserContext
+    browser: object  # playwright Browser
     requests: list[str] = field(default_factory=list)
     console_errors: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)
 
-    def new_page(self) -> object:
-        page = self.context.new_page()  # type: ignore[attr-defined]
+    def new_page(self, *, javascript: bool = True) -> object:
+        """A page that records its requests; `javascript=False` gets its own context."""
+        if javascript:
+            page = self.context.new_page()  # type: ignore[attr-defined]
+        else:
+            ctx = self.browser.new_context(java_script_enabled=False)  # type: ignore[attr-defined]
+            page = ctx.new_page()
         page.on("request", lambda req: self.requests.append(req.url))
         page.on(
             "console",
@@ -88,7 +94,7 @@ def open_browser(
                 extra_http_headers=extra_headers or {},
             )
             try:
-                yield BrowserSession(context=context)
+                yield BrowserSession(context=context, browser=browser)
             finally:
                 context.close()
         finally:

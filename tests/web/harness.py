@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -31,6 +33,9 @@ from hangwatch.server.store import IncidentStore
 
 from hangwatch.config import Config
 from hangwatch.wire import pb
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN_SKIP = REPO / "tests" / "golden" / "skip"  # a real 4-rank gloo hang, see its manifest
 
 HOSTILE_FRAME = "<script>alert(1)</script>"
 HOSTILE_FILE = '"><img src=x onerror=alert(2)>'
@@ -213,14 +218,65 @@ def hang_report(*, world: int, stuck: int, seq: int = 42, hostile: bool = False)
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RealIncident:
+    report: Report
+    lagging_ranks: list[int]
+    group: str
+    seq: int
+    op: str
+    source: str
+    dumps: Path | None = None  # the dump directory the report came from
+
+
+def real_incident() -> RealIncident:
+    """The real analyzer on real gloo dumps (the hang zoo's golden "skip" job),
+    with the expected answer taken from the dumps' manifest, not the analyzer."""
+    from hangwatch.analyzer import analyze_path
+
+    manifest = json.loads((GOLDEN_SKIP / "manifest.json").read_text())
+    want = manifest["expected"]
+    return RealIncident(
+        report=analyze_path(GOLDEN_SKIP),
+        lagging_ranks=list(want["lagging_ranks"]),
+        group=str(want["stalled"]["group"]),
+        seq=int(want["stalled"]["seq"]),
+        op=str(want["stalled"]["op"]),
+        source=str(GOLDEN_SKIP.relative_to(REPO)),
+        dumps=GOLDEN_SKIP,
+    )
+
+
+def demo_incident() -> RealIncident:
+    """`real_incident()` when the golden dumps are in the tree, else the same
+    shape of hang built by hand (16 ranks, rank 5 never enters all_reduce #42)."""
+    if (GOLDEN_SKIP / "manifest.json").is_file():
+        return real_incident()
+    return RealIncident(
+        report=hang_report(world=16, stuck=5),
+        lagging_ranks=[5],
+        group="0",
+        seq=42,
+        op="all_reduce",
+        source="constructed",
+    )
+
+
 def insert_incident(
-    ctx: ServerContext, *, job: str, report: Report, created: float | None = None
+    ctx: ServerContext,
+    *,
+    job: str,
+    report: Report,
+    created: float | None = None,
+    bundle_from: Path | None = None,
 ) -> str:
-    """Store an analysed incident and give it a small bundle on disk."""
+    """Store an analysed incident with a bundle on disk: a copy of `bundle_from`
+    (real dumps) or, without it, a small stand-in bundle."""
     world = len(report.ranks_loaded)
+    sc = report.stalled_collective
     row = ctx.store.create_incident(
         job_id=job,
-        reason="group 0 stalled at all_reduce #42",
+        reason=f"group {sc.group} stalled at {sc.op} #{sc.seq}" if sc else "stall",
         trigger="stall",
         ranks_expected=range(world),
         created=created,
@@ -232,12 +288,16 @@ def insert_incident(
     )
     ctx.metrics.observe("hangwatch_detection_seconds", 13.5)
     bundle = ctx.store.incident_dir(row.id)
+    if bundle_from is not None:
+        shutil.copytree(bundle_from, bundle, dirs_exist_ok=True)
+        return row.id
     (bundle / "rank_0").mkdir(parents=True, exist_ok=True)
     (bundle / "incident.json").write_text(
         json.dumps({"schema": "hangwatch.incident/1", "id": row.id})
     )
     (bundle / "rank_0" / "fr_trace_rank_0").write_bytes(b"\x80\x04}\x94." * 100)
-    (bundle / "rank_0" / "stacks.txt").write_text(report.evidence[0].stacks or "")
+    first = report.evidence.get(0)
+    (bundle / "rank_0" / "stacks.txt").write_text((first.stacks if first else None) or "")
     return row.id
 
 

@@ -107,7 +107,7 @@ def test_incident_filters(served: Served) -> None:
     healthy_id = harness.insert_incident(ctx, job="other-job", report=healthy)
     c = served.client
 
-    def ids(**params: object) -> list[str]:
+    def ids(**params: str | float) -> list[str]:
         r = c.get("/api/incidents", params=params)
         assert r.status_code == 200, r.text
         return [i["id"] for i in r.json()]

@@ -158,7 +158,7 @@
           td(s.dead_ranks.length ? ranges(s.dead_ranks, 4) : "-"), td(s.unobserved_ranks.length ? ranges(s.unobserved_ranks, 4) : "-"),
           td(age(s.stalled_for_s), "num"),
         ]), "Nothing stalled.", 9);
-        for (const [i, s] of j.stalled.entries()) st.tBodies[0].rows[i].className = s.over_timeout ? "bad" : "";
+        for (const [i, s] of j.stalled.entries()) st.tBodies[0].rows[i].className = s.over_timeout ? "over-timeout" : "";
       }
       const gt = document.getElementById("groups-table");
       if (gt) {
