@@ -114,6 +114,9 @@ class _Diagnosis:
             universe.update(g.ranks)
         if world_size:
             universe.update(range(world_size))
+        if loaded.selected_ranks is not None:
+            # Ranks left out by --selected-ranks are unknown, not missing.
+            universe &= loaded.selected_ranks
         self.universe = universe
         self.missing = sorted(universe - self.dumped)
         self.findings: list[Finding] = []
@@ -144,7 +147,7 @@ class _Diagnosis:
         if not len(blocked):
             return []
         enq = self._tab("coll_enq")
-        first_entry = self._first_entry_info()
+        first_entry = self._first_entry_info({(str(g), int(v)) for (_, g), v in blocked.items()})
         waits: list[Wait] = []
         for (g, s), sub in blocked.groupby([blocked.index.get_level_values("group"), blocked]):
             g = str(g)
@@ -173,30 +176,27 @@ class _Diagnosis:
             )
         return waits
 
-    def _first_entry_info(self) -> dict[tuple[str, int], dict[str, Any]]:
+    def _first_entry_info(
+        self, keys: set[tuple[str, int]]
+    ) -> dict[tuple[str, int], dict[str, Any]]:
+        """Op name and oldest creation time of the collectives some rank is blocked in."""
         E = self.E
-        coll = E.loc[
-            ~E["is_p2p"].to_numpy(),
-            ["group", "collective_seq_id", "op", "profiling_name", "time_created_ns"],
+        if not keys or not len(E):
+            return {}
+        seqs = np.fromiter((s for _, s in keys), dtype=np.int64)
+        m = ~E["is_p2p"].to_numpy() & np.isin(E["collective_seq_id"].to_numpy(), seqs)
+        coll = E.loc[m, ["group", "collective_seq_id", "op", "profiling_name", "time_created_ns"]]
+        coll = coll.assign(group=coll["group"].astype(str))
+        coll = coll.loc[
+            [k in keys for k in zip(coll["group"], coll["collective_seq_id"], strict=True)]
         ]
         if not len(coll):
             return {}
-        coll = coll.assign(
-            group=coll["group"].astype(str),
-            op=coll["op"].astype(str),
-            profiling_name=coll["profiling_name"].astype(str),
-        )
         tc = coll["time_created_ns"].where(coll["time_created_ns"] > 0)
         agg = (
-            coll.assign(tc=tc)
-            .groupby(["group", "collective_seq_id"])
-            .agg(
-                op=("op", lambda x: x.mode().iloc[0]),
-                profiling_name=("profiling_name", lambda x: x.mode().iloc[0]),
-                oldest_ns=("tc", "min"),
+            coll.assign(
+                tc=tc, op=coll["op"].astype(str), profiling_name=coll["profiling_name"].astype(str)
             )
-            if len(coll) < 200_000
-            else coll.assign(tc=tc)
             .groupby(["group", "collective_seq_id"])
             .agg(
                 op=("op", "first"),
@@ -205,11 +205,18 @@ class _Diagnosis:
             )
         )
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for (g, s), row in agg.iterrows():
+        for g, s, op, name, t in zip(
+            agg.index.get_level_values(0),
+            agg.index.get_level_values(1),
+            agg["op"],
+            agg["profiling_name"],
+            agg["oldest_ns"],
+            strict=True,
+        ):
             out[(str(g), int(s))] = {
-                "op": row["op"],
-                "profiling_name": row["profiling_name"],
-                "oldest_ns": int(row["oldest_ns"]) if not pd.isna(row["oldest_ns"]) else 0,
+                "op": op,
+                "profiling_name": name,
+                "oldest_ns": int(t) if not pd.isna(t) else 0,
             }
         return out
 
@@ -626,7 +633,10 @@ class _Diagnosis:
             s = s[:-1] + f" (also lagging: {rank_list(others)})."
         behind = set().union(*(w.waiters for w in self._all_waits)) - set(best.waiters) - set(roots)
         if behind:
-            s = s[:-1] + f"; {plural(len(behind), 'other rank')} {'is' if len(behind) == 1 else 'are'} blocked behind it."
+            s = (
+                s[:-1]
+                + f"; {plural(len(behind), 'other rank')} {'is' if len(behind) == 1 else 'are'} blocked behind it."
+            )
         return s
 
     def _p2p_findings(self, lagging: set[int]) -> None:
@@ -783,14 +793,14 @@ class _Diagnosis:
 
 def _wait_key(w: Wait, roots: list[int]) -> tuple[Any, ...]:
     """Which wait best names "the" stalled collective: a collective over a p2p
-    op, blaming the most roots and only roots, with the most waiters, waiting
-    the longest."""
+    op, blaming the most roots and only roots, the one waiting the longest
+    (the first collective the roots failed to join), then the most waiters."""
     return (
         w.kind != "collective",
         -len(w.targets & set(roots)),
         len(w.targets - set(roots)),  # blame a root directly, not through a blocked rank
+        w.oldest_ns or np.iinfo(np.int64).max,  # the first collective the roots failed to join
         -len(w.waiters),
-        w.oldest_ns or np.iinfo(np.int64).max,
         w.seq,
     )
 

@@ -107,6 +107,7 @@ class LoadedDumps:
     incident: dict[str, Any] | None = None
     files: dict[int, str] = field(default_factory=dict)  # rank -> relative path loaded
     world_size: int | None = None
+    selected_ranks: set[int] | None = None  # None: every rank found was loaded
 
     @property
     def backend(self) -> str:
@@ -577,7 +578,11 @@ def load_dumps(
             entry_maps[r] = {int(pids[i]): str(grp[i]) for i in first}
             all_names.update(entry_maps[r].values())
     for meta in rank_meta.values():
-        all_names.update(str(g["name"]) for g in meta.get("groups") or [] if isinstance(g, dict) and g.get("name") is not None)
+        all_names.update(
+            str(g["name"])
+            for g in meta.get("groups") or []
+            if isinstance(g, dict) and g.get("name") is not None
+        )
     for r, p in parts:
         pg_status[r], um = _map_pg_ids(r, p, entry_maps.get(r, {}), rank_meta.get(r), all_names)
         if um:
@@ -609,4 +614,5 @@ def load_dumps(
         incident=incident,
         files={r: by_rank[r][0].rel for r in ranks},
         world_size=world_size,
+        selected_ranks=selected,
     )

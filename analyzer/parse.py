@@ -166,6 +166,13 @@ def _dtypes_str(v: Any) -> str:
     return str(v)
 
 
+def _dtypes_col(values: list[Any]) -> list[str]:
+    try:
+        return [",".join(v) for v in values]  # the common case: lists of dtype names
+    except TypeError:
+        return [_dtypes_str(v) for v in values]
+
+
 def split_profiling_name(name: str) -> tuple[str, str, int, int]:
     """'nccl:send 0->1' -> ('nccl', 'send', src 0, dst 1). Peers are group-local."""
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
@@ -328,15 +335,13 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     numel_cache: dict[str, int] = {}
 
     def sizes(raw_list: list[Any]) -> tuple[list[str], np.ndarray]:
-        strs = []
-        nums = np.empty(len(raw_list), dtype=np.int64)
-        for i, v in enumerate(raw_list):
-            s = _sizes_str(v)
-            strs.append(s)
-            k = numel_cache.get(s)
-            if k is None:
-                k = numel_cache[s] = _numel(v)
-            nums[i] = k
+        # str() of the list as torch stored it is one C call; numel is
+        # computed once per distinct shape string.
+        strs = [str(v) if v is not None else "[]" for v in raw_list]
+        for st, v in zip(strs, raw_list, strict=True):
+            if st not in numel_cache:
+                numel_cache[st] = _numel(v)
+        nums = np.fromiter((numel_cache[st] for st in strs), dtype=np.int64, count=len(strs))
         return strs, nums
 
     in_s, in_n = sizes(in_sizes_raw)
@@ -380,8 +385,8 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
         "thread_id": pd.Categorical([str(v) if v is not None else "" for v in col("thread_id")]),
         "input_sizes": pd.Categorical(in_s),
         "output_sizes": pd.Categorical(out_s),
-        "input_dtypes": pd.Categorical([_dtypes_str(v) for v in col("input_dtypes")]),
-        "output_dtypes": pd.Categorical([_dtypes_str(v) for v in col("output_dtypes")]),
+        "input_dtypes": pd.Categorical(_dtypes_col(col("input_dtypes"))),
+        "output_dtypes": pd.Categorical(_dtypes_col(col("output_dtypes"))),
         "retired": retired,
         "is_p2p": is_p2p,
         "duration_ms": durations,

@@ -52,7 +52,9 @@ class SimRank:
             del self.entries[: len(self.entries) - buf]
         return e
 
-    def _base(self, group: str, pg: _PG, name: str, done: bool, state: str | None) -> dict[str, Any]:
+    def _base(
+        self, group: str, pg: _PG, name: str, done: bool, state: str | None
+    ) -> dict[str, Any]:
         nccl = self.job.backend == "nccl"
         if state is None:
             state = ("completed" if done else "scheduled") if nccl else "scheduled"
@@ -71,7 +73,9 @@ class SimRank:
             "output_sizes": [[4]],
             "output_dtypes": ["Float"],
             "state": state,
-            "time_discovered_started_ns": t + 10 if nccl and state in ("started", "completed") else None,
+            "time_discovered_started_ns": t + 10
+            if nccl and state in ("started", "completed")
+            else None,
             "time_discovered_completed_ns": t + 20 if nccl and state == "completed" else None,
             "retired": bool(done),
             "timeout_ms": 600000,
@@ -192,7 +196,9 @@ class SimRank:
 
 
 class SimJob:
-    def __init__(self, world: int, *, backend: str = "nccl", buffer_size: int | None = None) -> None:
+    def __init__(
+        self, world: int, *, backend: str = "nccl", buffer_size: int | None = None
+    ) -> None:
         self.backend = backend
         self.buffer_size = buffer_size
         self.groups: dict[str, tuple[str, list[int]]] = {"0": ("default_pg", list(range(world)))}
@@ -206,7 +212,9 @@ class SimJob:
             self.ranks[r]._pg(name)
         return name
 
-    def all(self, group: str = "0", op: str = "all_reduce", *, ranks: list[int] | None = None, **kw: Any) -> None:
+    def all(
+        self, group: str = "0", op: str = "all_reduce", *, ranks: list[int] | None = None, **kw: Any
+    ) -> None:
         for r in ranks if ranks is not None else self.groups[group][1]:
             self.ranks[r].coll(group, op, **kw)
 

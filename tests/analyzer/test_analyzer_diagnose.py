@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from fr_dumps import SimJob, write_meta
-
 from hangwatch.analyzer import analyze, analyze_path, load_dumps
 from hangwatch.analyzer.report import Report
 
@@ -33,7 +32,10 @@ def test_one_rank_never_enters(tmp_path: Path, backend: str, json_form: bool) ->
     assert (sc.group, sc.seq, sc.op) == ("0", 6, "all_reduce")
     assert sc.entered_ranks == [0, 1, 2] and sc.missing_ranks == [3]
     assert sc.group_desc == "default_pg" and sc.input_sizes == [[4]] and sc.dtypes == ["Float"]
-    assert rep.summary == "Rank 3 never entered all_reduce #6 in group 0 (default_pg); ranks 0-2 are waiting in it."
+    assert (
+        rep.summary
+        == "Rank 3 never entered all_reduce #6 in group 0 (default_pg); ranks 0-2 are waiting in it."
+    )
     assert "stuck-outside-collective" in kinds(rep)
     ev = rep.evidence[3]
     assert ev.last_completed is not None and ev.last_completed.seq == 5
@@ -76,7 +78,9 @@ def test_missing_rank_with_world_size(tmp_path: Path) -> None:
     job.all("0", ranks=[0, 1, 2], done=False)
     job.write(tmp_path, ranks=[0, 1, 2])  # no dump from rank 3
     without = analyze_path(tmp_path)
-    assert without.ranks_missing == [] and without.verdict == "healthy"  # nobody knows rank 3 exists
+    assert (
+        without.ranks_missing == [] and without.verdict == "healthy"
+    )  # nobody knows rank 3 exists
     rep = analyze_path(tmp_path, world_size=4)
     assert rep.ranks_missing == [3]
     assert rep.verdict == "hang" and rep.lagging_ranks == [3]
@@ -163,10 +167,25 @@ def test_op_mismatch(tmp_path: Path) -> None:
     [
         ("all_reduce", {"sizes": [[4]]}, {"sizes": [[5]]}, "size-mismatch"),
         ("all_reduce", {"sizes": [[4]]}, {"sizes": [[4]], "out_sizes": [[5]]}, "size-mismatch"),
-        ("_all_gather_base", {"sizes": [[4]], "out_sizes": [[16]]}, {"sizes": [[4]], "out_sizes": [[12]]}, "size-mismatch"),
-        ("_reduce_scatter_base", {"sizes": [[16]], "out_sizes": [[4]]}, {"sizes": [[16]], "out_sizes": [[5]]}, "size-mismatch"),
+        (
+            "_all_gather_base",
+            {"sizes": [[4]], "out_sizes": [[16]]},
+            {"sizes": [[4]], "out_sizes": [[12]]},
+            "size-mismatch",
+        ),
+        (
+            "_reduce_scatter_base",
+            {"sizes": [[16]], "out_sizes": [[4]]},
+            {"sizes": [[16]], "out_sizes": [[5]]},
+            "size-mismatch",
+        ),
         ("all_reduce", {"dtypes": ["Float"]}, {"dtypes": ["BFloat16"]}, "dtype-mismatch"),
-        ("all_reduce", {"dtypes": ["Float"]}, {"dtypes": ["Float"], "out_dtypes": ["Half"]}, "dtype-mismatch"),
+        (
+            "all_reduce",
+            {"dtypes": ["Float"]},
+            {"dtypes": ["Float"], "out_dtypes": ["Half"]},
+            "dtype-mismatch",
+        ),
     ],
 )
 def test_size_and_dtype_rules(tmp_path: Path, op: str, good: dict, bad: dict, kind: str) -> None:
@@ -280,7 +299,9 @@ def test_status_only_dump_still_diagnoses(tmp_path: Path) -> None:
     assert rep.verdict == "hang" and rep.lagging_ranks == [2]
 
 
-def test_no_collective_in_flight_offline_is_healthy_and_in_an_incident_is_honest(tmp_path: Path) -> None:
+def test_no_collective_in_flight_offline_is_healthy_and_in_an_incident_is_honest(
+    tmp_path: Path,
+) -> None:
     job = SimJob(2, backend="gloo")
     for _ in range(3):
         job.all("0")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from fr_dumps import SimJob, write_meta
-
 from hangwatch.analyzer import analyze_path, load_dumps
 from hangwatch.analyzer.loader import parse_ranks
 from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
@@ -57,9 +56,20 @@ def test_pickle_and_json_normalize_identically(json_form: bool) -> None:
     assert d["version"] == "2.10"
     assert d["pg_status"]["0"] == {"last_enqueued": 1, "last_started": -1, "last_completed": 1}
     e0, e1 = d["entries"]
-    assert (e0["group"], e0["group_desc"], e0["op"], e0["collective_seq_id"]) == ("0", "default_pg", "all_reduce", 1)
+    assert (e0["group"], e0["group_desc"], e0["op"], e0["collective_seq_id"]) == (
+        "0",
+        "default_pg",
+        "all_reduce",
+        1,
+    )
     assert e0["state"] == "completed" and e0["time_discovered_completed_ns"] > 0
-    assert (e1["op"], e1["is_p2p"], e1["peer_src"], e1["peer_dst"], e1["p2p_seq_id"]) == ("send", True, 0, 1, 1)
+    assert (e1["op"], e1["is_p2p"], e1["peer_src"], e1["peer_dst"], e1["p2p_seq_id"]) == (
+        "send",
+        True,
+        0,
+        1,
+        1,
+    )
     assert e0["input_sizes"] == "[[4]]" and e0["in_numel"] == 4
     # Frames are kept only where evidence can point: the open p2p op, not the finished all_reduce.
     assert ("frames" in e1) is (not json_form)
@@ -125,12 +135,20 @@ def test_duplicate_rank_keeps_the_fuller_dump(tmp_path: Path) -> None:
         (b"\x89PNG\r\n\x1a\n" + b"\0" * 20, "PNG"),
         (b'{"hello": "world"}', "no 'version' key"),
         (b'{"version": "2.10", "entries": {"a": 1}}', "expected a list"),
-        (b'{"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:x"}]}', "collective_seq_id"),
+        (
+            b'{"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:x"}]}',
+            "collective_seq_id",
+        ),
         (b"random garbage that is neither", "neither pickle nor JSON"),
-        (b'{"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "x"}}}', "not an integer"),
+        (
+            b'{"version": "2.10", "pg_status": {"0": {"last_enqueued_collective": "x"}}}',
+            "not an integer",
+        ),
     ],
 )
-def test_bad_files_become_errors_and_the_rest_loads(tmp_path: Path, content: bytes, reason: str) -> None:
+def test_bad_files_become_errors_and_the_rest_loads(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
     job = SimJob(2)
     job.all("0")
     job.write(tmp_path, ranks=[0])
@@ -186,7 +204,9 @@ def test_pg_status_is_mapped_to_group_names(tmp_path: Path) -> None:
     assert st["7"].last_completed == -1 and st["7"].mapped_by == "creation-order"
     assert st["0"].last_completed == 1 and st["0"].mapped_by == "entries"
     assert loaded.pg_status[0]["5"].last_completed == 1
-    assert loaded.groups["5"].ranks == [0, 1] and loaded.groups["5"].membership_source == "pg_config"
+    assert (
+        loaded.groups["5"].ranks == [0, 1] and loaded.groups["5"].membership_source == "pg_config"
+    )
 
 
 def test_gloo_groups_come_from_dumps_or_world_size(tmp_path: Path) -> None:
@@ -216,8 +236,16 @@ def test_bundle_meta_and_stacks(tmp_path: Path) -> None:
     )
     (rd / "fr_trace_rank_0").write_bytes(job.ranks[0].dump_bytes())
     (rd / "stacks.txt").write_text("Thread 1 (idle): MainThread\n    step (train.py:12)\n")
-    write_meta(tmp_path, 1, process_state="stopped", reachable=False, groups=[{"name": "0", "pg_id": 0, "ranks": [0, 1]}])
-    (tmp_path / "incident.json").write_text(json.dumps({"schema": "hangwatch.incident/1", "id": "i1"}))
+    write_meta(
+        tmp_path,
+        1,
+        process_state="stopped",
+        reachable=False,
+        groups=[{"name": "0", "pg_id": 0, "ranks": [0, 1]}],
+    )
+    (tmp_path / "incident.json").write_text(
+        json.dumps({"schema": "hangwatch.incident/1", "id": "i1"})
+    )
     loaded = load_dumps(tmp_path)
     assert loaded.ranks_loaded == [0]
     assert set(loaded.rank_meta) == {0, 1}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from hangwatch.analyzer import analyze_path, load_dumps
 
 CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "nvrx"
