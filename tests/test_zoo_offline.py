@@ -1,0 +1,133 @@
+"""The hang zoo against the offline analyzer: golden dumps and freshly generated ones.
+
+Expectations always come from the scenario's ground truth (the injection
+plan in `hangwatch.testing.scenarios`), never from an earlier analyzer run.
+
+* Golden tests (no torch, fast): `tests/golden/<name>/` hold real 4-rank gloo
+  dumps made by `python -m hangwatch.testing.make_golden tests/golden`.
+* Live tests (`torch`): a real 4-rank gloo job per scenario, each rank that
+  can still run Python snapshots its own flight recorder, then the analyzer
+  reads the snapshot directory.
+* Harness self-tests: a healthy job exits 0; a crashing rank surfaces its stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import GOLDEN_DIR
+
+from hangwatch.analyzer.report import Report
+from hangwatch.testing.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
+from hangwatch.testing.scenarios import SCENARIOS, get_scenario
+
+WORLD = 4
+GOLDEN_DIRS = sorted(p for p in GOLDEN_DIR.iterdir() if (p / MANIFEST).is_file())
+
+
+def _analyze(path: Path, world_size: int) -> Report:
+    # Imported here so a broken analyzer fails the tests that use it, not the
+    # harness self-tests collected from this module.
+    from hangwatch.analyzer import analyze_path
+
+    return analyze_path(path, world_size=world_size)
+
+
+def _observed(report: Report) -> dict[str, Any]:
+    sc = report.stalled_collective
+    return {
+        "verdict": report.verdict,
+        "lagging_ranks": sorted(report.lagging_ranks),
+        "stalled": {"group": sc.group, "seq": sc.seq, "op": sc.op} if sc else None,
+    }
+
+
+def _manifest(golden: Path) -> dict[str, Any]:
+    return dict(json.loads((golden / MANIFEST).read_text()))
+
+
+# --- golden dumps (torch-free) ------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("golden", GOLDEN_DIRS, ids=lambda p: p.name)
+def test_golden_dump_matches_ground_truth(golden: Path) -> None:
+    manifest = _manifest(golden)
+    report = _analyze(golden, manifest["world_size"])
+    assert _observed(report) == manifest["expected"], (
+        f"{golden.name}: {report.summary}\nfindings: {report.findings}"
+    )
+    # Ranks that could not dump (stopped, GIL held) must be reported as missing.
+    assert set(manifest["ranks_without_dump"]) <= set(report.ranks_missing)
+
+
+@pytest.mark.timeout(10)
+def test_golden_set_is_complete_small_and_current() -> None:
+    names = {p.name for p in GOLDEN_DIRS}
+    assert names == {g.dirname for g in GOLDENS}, "run make_golden to refresh tests/golden"
+    assert {_manifest(p)["scenario"] for p in GOLDEN_DIRS} == set(SCENARIOS)
+    total = sum(f.stat().st_size for f in GOLDEN_DIR.rglob("*") if f.is_file())
+    assert total < MAX_TOTAL_BYTES
+    for golden in GOLDEN_DIRS:
+        m = _manifest(golden)
+        sc = get_scenario(m["scenario"])
+        # The manifests must agree with today's ground truth, or the plan drifted.
+        assert m["expected"] == sc.expected(m["world_size"], m["steps_before_fault"]), golden.name
+        assert m["injected_ranks"] == sc.guilty_ranks(m["world_size"])
+        dumps = sorted(int(f.name.rsplit("_", 1)[1]) for f in golden.rglob("fr_trace_rank_*"))
+        assert dumps == sc.dumping_ranks(m["world_size"]), golden.name
+
+
+# --- live: real gloo ranks -------------------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_live_scenario_matches_ground_truth(name: str, tmp_path: Path) -> None:
+    from hangwatch.testing.launch import launch_job
+
+    sc = get_scenario(name)
+    with launch_job(
+        sc, WORLD, workdir=tmp_path, snapshot_after=1.5, include_frames=False, ready_timeout=45
+    ) as job:
+        snapshot = job.wait_snapshots(timeout=30)
+        job.check_ground_truth()
+        if name == "healthy":
+            assert job.wait(timeout=30) == [0] * WORLD
+        steps = job.steps_before_fault
+    # Every rank is reaped, the stopped one included.
+    assert all(rc is not None for rc in job.returncodes())
+    report = _analyze(snapshot, WORLD)
+    assert _observed(report) == sc.expected(WORLD, steps), f"{name}: {report.summary}"
+    assert set(sc.silent_ranks(WORLD)) <= set(report.ranks_missing)
+
+
+# --- harness self-tests ------------------------------------------------------------------
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(45)
+def test_healthy_job_exits_zero_on_every_rank(tmp_path: Path) -> None:
+    from hangwatch.testing.launch import launch_job
+
+    with launch_job("healthy", 2, workdir=tmp_path, steps_before_fault=2) as job:
+        assert job.wait(timeout=30) == [0, 0]
+        job.check_no_crash()
+        assert [(job.status(r) or {}).get("phase") for r in (0, 1)] == ["finished"] * 2
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(45)
+def test_crashing_rank_surfaces_its_stderr(tmp_path: Path) -> None:
+    from hangwatch.testing.launch import JobFailed, launch_job
+
+    with launch_job("healthy", 2, workdir=tmp_path, crash_rank=1) as job:
+        with pytest.raises(JobFailed) as err:
+            job.wait(timeout=30)
+    message = str(err.value)
+    assert "rank 1 exit code 1" in message
+    assert "RuntimeError: injected crash on rank 1" in message
