@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hangwatch.analyzer.report import Report
 from helpers import GOLDEN_DIR
 
-from hangwatch.analyzer.report import Report
 from hangwatch.testing.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
 
@@ -125,9 +125,11 @@ def test_healthy_job_exits_zero_on_every_rank(tmp_path: Path) -> None:
 def test_crashing_rank_surfaces_its_stderr(tmp_path: Path) -> None:
     from hangwatch.testing.launch import JobFailed, launch_job
 
-    with launch_job("healthy", 2, workdir=tmp_path, crash_rank=1) as job:
-        with pytest.raises(JobFailed) as err:
-            job.wait(timeout=30)
+    with (
+        launch_job("healthy", 2, workdir=tmp_path, crash_rank=1) as job,
+        pytest.raises(JobFailed) as err,
+    ):
+        job.wait(timeout=30)
     message = str(err.value)
     assert "rank 1 exit code 1" in message
     assert "RuntimeError: injected crash on rank 1" in message
