@@ -8,7 +8,9 @@ import os
 import re
 import tarfile
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 from hangwatch.analyzer.report import Report
 from hangwatch.server.web.app import create_app
@@ -220,13 +222,9 @@ def test_metrics_prometheus_text(served: Served) -> None:
     assert text.count("# TYPE hangwatch_incidents_total ") == 1
 
 
-def test_metrics_before_any_incident(tmp_path: object) -> None:
-    from pathlib import Path
-
-    ctx = harness.make_context(Path(str(tmp_path)))
+def test_metrics_before_any_incident(tmp_path: Path) -> None:
+    ctx = harness.make_context(tmp_path)
     try:
-        import httpx
-
         with harness.serve(create_app(ctx)) as base:
             text = httpx.get(base + "/metrics", timeout=10).text
     finally:
@@ -297,12 +295,8 @@ def test_pages_render_server_side(served: Served) -> None:
     assert "<style>" in offline.text
 
 
-def test_heat_map_renders_1024_cells(tmp_path: object) -> None:
-    from pathlib import Path
-
-    import httpx
-
-    ctx = harness.make_context(Path(str(tmp_path)))
+def test_heat_map_renders_1024_cells(tmp_path: Path) -> None:
+    ctx = harness.make_context(tmp_path)
     harness.feed_job(ctx.registry, job="big", world=1024, stuck=700, ranks_per_agent=64)
     try:
         with harness.serve(create_app(ctx)) as base:
@@ -316,3 +310,35 @@ def test_heat_map_renders_1024_cells(tmp_path: object) -> None:
     assert dict((int(r), c) for c, r in cells)[700] == "lag1 stalled"
     assert 'class="heatmap large"' in html
     assert elapsed < 5.0, f"1,024-rank job page took {elapsed:.2f} s"
+
+
+def test_real_analyzer_incident_end_to_end(tmp_path: Path) -> None:
+    """Real gloo dumps -> real analyzer -> store -> API, page and bundle -> analyzer again."""
+    if not (harness.GOLDEN_SKIP / "manifest.json").is_file():
+        pytest.skip(f"golden dumps absent: {harness.GOLDEN_SKIP} not in this tree")
+    from hangwatch.analyzer import analyze_path
+
+    inc = harness.real_incident()
+    ctx = harness.make_context(tmp_path / "data")
+    incident_id = harness.insert_incident(
+        ctx, job="zoo-skip", report=inc.report, bundle_from=inc.dumps
+    )
+    try:
+        with harness.serve(create_app(ctx)) as base, httpx.Client(base_url=base) as c:
+            body = c.get(f"/api/incidents/{incident_id}").json()
+            assert body["lagging_ranks"] == inc.lagging_ranks
+            assert Report.from_dict(body["report"]) == inc.report
+            sc = body["report"]["stalled_collective"]
+            assert (sc["group"], sc["seq"], sc["op"]) == (inc.group, inc.seq, inc.op)
+            page = c.get(f"/incidents/{incident_id}").text
+            for r in inc.lagging_ranks:
+                assert f'id="rank-{r}"' in page
+            tgz = c.get(f"/api/incidents/{incident_id}/bundle").content
+    finally:
+        ctx.store.close()
+    out = tmp_path / "downloaded"
+    with tarfile.open(fileobj=io.BytesIO(tgz), mode="r:gz") as tar:
+        tar.extractall(out, filter="data")
+    again = analyze_path(out / incident_id)
+    assert again.verdict == inc.report.verdict
+    assert again.lagging_ranks == inc.lagging_ranks
