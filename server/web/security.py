@@ -15,7 +15,6 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import quote
 
 COOKIE = "hangwatch_session"
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/login"})
@@ -156,7 +155,3 @@ class SecurityMiddleware:
             }
         )
         await send_with_headers({"type": "http.response.body", "body": body})
-
-
-def login_redirect_target(next_path: str | None) -> str:
-    return quote(safe_next(next_path), safe="/?=&%")

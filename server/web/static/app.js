@@ -60,6 +60,8 @@
 
   async function getJSON(url) {
     const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    // Token rotated or session gone: reloading shows the login form.
+    if (r.status === 401) { location.reload(); throw new Error("unauthorized"); }
     if (!r.ok) throw new Error(url + ": HTTP " + r.status);
     return r.json();
   }
