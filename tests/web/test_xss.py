@@ -73,3 +73,18 @@ def test_svg_text_is_escaped_and_well_formed() -> None:
     root = ET.fromstring(svg)  # parses: nothing broke out of an element
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert any(evil_group in t for t in texts)  # shown to the user as text
+
+
+def test_hostile_job_id_is_escaped_and_linkable(served_hostile: Served) -> None:
+    # The gRPC validator allows any printable id without '/', '\\' or '..'.
+    evil = '<b>"job?#1 &x'
+    harness.feed_job(served_hostile.ctx.registry, job=evil, world=2, stuck=1, ranks_per_agent=2)
+    c = served_hostile.client
+    home = c.get("/").text
+    _assert_inert(home)
+    assert "<b>" not in home and str(escape(evil)) in home
+    quoted = "%3Cb%3E%22job%3F%231%20%26x"
+    assert f'href="/jobs/{quoted}"' in home
+    page = c.get(f"/jobs/{quoted}")
+    assert page.status_code == 200 and str(escape(evil)) in page.text
+    assert c.get(f"/api/jobs/{quoted}/ranks").json()["job"] == evil
