@@ -7,8 +7,9 @@ stall timeout. Ordering across ranks comes only from sequence numbers and the
 coordinator's own monotonic clock: agents' wall clocks are never compared.
 
 A long collective that every member has entered is healthy, however long it
-runs, unless a member's process is stopped or gone (it can never finish) or
-a member cannot be observed at all (its agent is lost).
+runs, unless the members entered different ops at that seq (a mismatch: gloo
+and NCCL both wait forever on it), a member's process is stopped or gone (it
+can never finish) or a member cannot be observed at all (its agent is lost).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class GroupStall:
     group: str
     seq: int
     op: str
-    # "stall": members not entered; "rank-lost": a member's process is dead;
+    # "stall": members not entered; "mismatch": members entered different ops
+    # at the same seq; "rank-lost": a member's process is dead;
     # "agent-lost": the only missing members are ones nobody can observe.
     kind: str
     waiting_ranks: list[int]
@@ -70,8 +72,17 @@ def find_group_stall(
     )
     if not waiting:
         return None
+    # Agents learn a rank's in-flight op only once it has been in flight a
+    # while, so compare just the ops that are known.
+    ops_at_seq = {
+        p.in_flight_op
+        for p in observed.values()
+        if p.last_completed + 1 == seq and p.last_enqueued >= seq and p.in_flight_op
+    }
     if not_entered:
         kind = "stall"
+    elif len(ops_at_seq) > 1:
+        kind = "mismatch"
     elif dead:
         kind = "rank-lost"
     elif unobserved:

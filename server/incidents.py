@@ -251,6 +251,8 @@ class IncidentManager:
         )
         if first.not_entered_ranks:
             reason += f", ranks {fmt_ranks(first.not_entered_ranks)} not entered"
+        if first.kind == "mismatch":
+            reason += ", but members entered different ops at that seq"
         if first.dead_ranks:
             reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
         if first.unobserved_ranks:

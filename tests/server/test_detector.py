@@ -59,3 +59,30 @@ def test_unobserved_member_is_not_counted_as_not_entered() -> None:
     st = find_group_stall(group="0", members=[0, 1, 2, 3], progress=progress, no_progress_for_s=5)
     assert st is not None and st.kind == "agent-lost"
     assert st.not_entered_ranks == [] and st.unobserved_ranks == [2, 3]
+
+
+def test_members_in_different_ops_at_the_same_seq_are_a_mismatch_stall() -> None:
+    # Every member entered seq 5, but rank 3 entered a broadcast where the
+    # others run all_reduce: no member can ever finish, so it is a stall.
+    progress = {
+        r: MemberProgress(rank=r, last_enqueued=5, last_completed=4, in_flight_op="all_reduce")
+        for r in range(3)
+    }
+    progress[3] = MemberProgress(
+        rank=3, last_enqueued=5, last_completed=4, in_flight_op="broadcast"
+    )
+    stall = find_group_stall(group="0", members=range(4), progress=progress, no_progress_for_s=3.0)
+    assert stall is not None and stall.kind == "mismatch"
+    assert stall.not_entered_ranks == [] and stall.waiting_ranks == [0, 1, 2, 3]
+
+
+def test_same_op_everywhere_with_unknown_ops_is_still_healthy() -> None:
+    progress = {
+        r: MemberProgress(rank=r, last_enqueued=5, last_completed=4, in_flight_op="all_reduce")
+        for r in range(3)
+    }
+    progress[3] = MemberProgress(rank=3, last_enqueued=5, last_completed=4, in_flight_op="")
+    assert (
+        find_group_stall(group="0", members=range(4), progress=progress, no_progress_for_s=60.0)
+        is None
+    )
