@@ -32,7 +32,7 @@ Verdicts
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,8 +340,7 @@ class _Diagnosis:
         cycles: list[list[int]],
         mismatches: list[Mismatch],
     ) -> Report:
-        complete = self._completed_everywhere()
-        live_mm = [m for m in mismatches if (m.group, m.seq) not in complete]
+        live_mm = [m for m in mismatches if not self._complete_everywhere(m.group, m.seq)]
         for m in mismatches:
             self.findings.append(
                 Finding(kind=m.kind, ranks=m.odd_ranks, group=m.group, seq=m.seq, detail=m.detail)
@@ -437,26 +436,15 @@ class _Diagnosis:
             evidence=self._evidence(sorted(lagging), waits, stalled),
         )
 
-    def _completed_everywhere(self) -> set[tuple[str, int]]:
-        comp = self._tab("coll_comp")
-        out: set[tuple[str, int]] = set()
-        for g, s in comp.items():
-            meta = self.groups.get(g)
-            if meta is None or any(r not in s.index for r in meta.ranks):
-                continue
-            v = s.reindex(meta.ranks).to_numpy()
-            if np.isnan(v).any():
-                continue
-            low = int(v.min())
-            # Every seq up to `low` is finished everywhere; a mismatch there
-            # ended without a hang (NCCL can finish mismatched sizes).
-            out.update((g, q) for q in self._seqs_in(g) if q <= low)
-        return out
-
-    def _seqs_in(self, g: str) -> Iterable[int]:
-        E = self.E
-        m = (E["group"].astype(str) == g).to_numpy() & ~E["is_p2p"].to_numpy()
-        return (int(x) for x in pd.unique(E.loc[m, "collective_seq_id"]))
+    def _complete_everywhere(self, g: str, s: int) -> bool:
+        """Every member is known to have finished (g, s): a mismatch there
+        ended without a hang (NCCL can finish mismatched sizes)."""
+        meta = self.groups.get(g)
+        comp = self._tab("coll_comp").get(g)
+        if meta is None or comp is None:
+            return False
+        v = comp.reindex(meta.ranks).to_numpy()
+        return bool(len(v)) and not np.isnan(v).any() and bool((v >= s).all())
 
     def _gname(self, g: str) -> str:
         meta = self.groups.get(g)
@@ -840,7 +828,7 @@ def _tarjan(adj: dict[Any, set[Any]]) -> list[list[Any]]:
     for start in adj:
         if start in index:
             continue
-        work = [(start, iter(adj.get(start, ())))]
+        work: list[tuple[Any, Iterator[Any]]] = [(start, iter(adj.get(start, ())))]
         index[start] = low[start] = counter
         counter += 1
         stack.append(start)

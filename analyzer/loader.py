@@ -13,6 +13,7 @@ column arrays, not Python objects per entry) and concatenated once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -383,12 +384,12 @@ def _map_pg_ids(
 
 def _order_fill(ids: list[int], mapping: dict[int, tuple[str, str]], names: set[str]) -> None:
     anchors = sorted((pid, int(g)) for pid, (g, _) in mapping.items() if g.isdigit())
-    if any(b[1] <= a[1] for a, b in zip(anchors, anchors[1:], strict=False)):
+    if any(b[1] <= a[1] for a, b in itertools.pairwise(anchors)):
         return  # names not in creation order: the assumption does not hold here
     used = {int(g) for g, _ in mapping.values() if g.isdigit()}
     cand = sorted(int(n) for n in names if int(n) not in used)
     bounds = [(-1, -1), *anchors, (1 << 62, 1 << 62)]
-    for (p_lo, n_lo), (p_hi, n_hi) in zip(bounds, bounds[1:], strict=False):
+    for (p_lo, n_lo), (p_hi, n_hi) in itertools.pairwise(bounds):
         todo = [pid for pid in ids if p_lo < pid < p_hi and pid not in mapping]
         fit = [n for n in cand if n_lo < n < n_hi]
         if todo and len(todo) == len(fit):

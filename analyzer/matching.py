@@ -73,15 +73,21 @@ def representatives(entries: pd.DataFrame) -> pd.DataFrame:
     """
     coll = entries.loc[~entries["is_p2p"].to_numpy()]
     if not len(coll):
-        return coll.assign(n_sub=pd.Series(dtype=np.int64))
-    order = coll.sort_values(["rank", "group", "collective_seq_id", "record_id"], kind="stable")
-    n_sub = order.groupby(["rank", "group", "collective_seq_id"], observed=True)[
-        "record_id"
-    ].transform("size")
-    rep = order.assign(n_sub=n_sub.to_numpy()).drop_duplicates(
-        ["rank", "group", "collective_seq_id"], keep="last"
-    )
-    return rep
+        return coll.assign(n_sub=np.zeros(0, dtype=np.int64))
+    rank = coll["rank"].to_numpy()
+    g = coll["group"].cat.codes.to_numpy()
+    seq = coll["collective_seq_id"].to_numpy()
+    order = np.lexsort((coll["record_id"].to_numpy(), seq, g, rank))
+    r_o, g_o, s_o = rank[order], g[order], seq[order]
+    # The last row of each (rank, group, seq) run closes it.
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (r_o[1:] != r_o[:-1]) | (g_o[1:] != g_o[:-1]) | (s_o[1:] != s_o[:-1])
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = last[:-1]
+    starts = np.flatnonzero(first)
+    ends = np.flatnonzero(last)
+    rep = coll.iloc[order[ends]]
+    return rep.assign(n_sub=(ends - starts + 1))
 
 
 def _dtype_set(col: pd.Series) -> pd.Series:
@@ -99,8 +105,78 @@ def _odd_ones(values: pd.Series, ranks: pd.Series) -> list[int]:
     return sorted(int(r) for r in ranks)
 
 
+def _suspects(rep: pd.DataFrame, groups: dict[str, GroupMeta]) -> np.ndarray:
+    """Rows of (group, seq) keys that might break a rule, found on integer
+    codes only; the exact (slower) checks then run on these rows alone. At a
+    million entries almost every key is consistent and is dropped here."""
+    n = len(rep)
+    gcode = rep["group"].cat.codes.to_numpy().astype(np.int64)
+    seq = rep["collective_seq_id"].to_numpy()
+    kid = gcode * (int(seq.max()) + 2 if n else 1) + (seq + 1)
+    _, inv, counts = np.unique(kid, return_inverse=True, return_counts=True)
+    multi = counts[inv] > 1
+    ops = (
+        rep["op"].astype(str) if not isinstance(rep["op"].dtype, pd.CategoricalDtype) else rep["op"]
+    )
+    op_cats = np.asarray(ops.cat.categories, dtype=object)
+    op_code = ops.cat.codes.to_numpy()
+    a2a = np.isin(op_cats, list(ALL_TO_ALL))[op_code]
+    bad = np.zeros(n, dtype=bool)
+    inv_s = pd.Series(inv)
+    for col in ("op", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"):
+        c = rep[col].cat.codes.to_numpy().astype(np.int64)
+        if col.endswith("_sizes"):
+            c = np.where(a2a, -1, c)
+        mm = pd.Series(c).groupby(inv_s).agg(["min", "max"])
+        diff = (mm["min"] != mm["max"]).to_numpy()
+        bad |= diff[inv]
+    # Per-row rules, decided once per distinct (op, sizes/dtypes) combination.
+    per_row_ops = {
+        "input_sizes": np.isin(op_cats, list(ALL_REDUCE))[op_code],
+        "input_dtypes": ~np.isin(op_cats, ["scatter", "gather", "broadcast"])[op_code],
+    }
+    for a, b in (("input_sizes", "output_sizes"), ("input_dtypes", "output_dtypes")):
+        ca = rep[a].cat.codes.to_numpy().astype(np.int64)
+        cb = rep[b].cat.codes.to_numpy().astype(np.int64)
+        cats_a = np.asarray(rep[a].cat.categories, dtype=object)
+        cats_b = np.asarray(rep[b].cat.categories, dtype=object)
+        width = len(cats_b) + 1
+        upair, pinv = np.unique(ca * width + cb, return_inverse=True)
+        differs = np.array(
+            [
+                0 <= u // width < len(cats_a)
+                and 0 <= u % width < len(cats_b)
+                and cats_a[u // width] != cats_b[u % width]
+                for u in upair
+            ],
+            dtype=bool,
+        )
+        bad |= differs[pinv] & per_row_ops[a]
+    gnames = np.asarray(rep["group"].cat.categories, dtype=object)
+    gsize_by_code = np.array(
+        [
+            len(groups[g].ranks) if g in groups and groups[g].membership_source != "dumps" else -1
+            for g in gnames
+        ],
+        dtype=np.int64,
+    )
+    gs = gsize_by_code[gcode] if len(gsize_by_code) else np.full(n, -1)
+    in_n = rep["in_numel"].to_numpy()
+    out_n = rep["out_numel"].to_numpy()
+    ag = np.isin(op_cats, list(ALL_GATHER))[op_code] & (gs > 0) & (in_n >= 0) & (out_n >= 0)
+    rs = np.isin(op_cats, list(REDUCE_SCATTER))[op_code] & (gs > 0) & (in_n >= 0) & (out_n >= 0)
+    bad |= ag & (out_n != in_n * gs)
+    bad |= rs & (in_n != out_n * gs)
+    bad_key = np.zeros(len(counts), dtype=bool)
+    np.logical_or.at(bad_key, inv, bad)
+    return multi & bad_key[inv]
+
+
 def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list[Mismatch]:
     rep = representatives(entries)
+    if not len(rep):
+        return []
+    rep = rep.loc[_suspects(rep, groups)]
     if not len(rep):
         return []
     rep = rep.assign(group=rep["group"].astype(str), op=rep["op"].astype(str))

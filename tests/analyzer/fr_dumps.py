@@ -160,7 +160,7 @@ class SimRank:
                 for g, (d, r) in self.job.groups.items()
                 if self.rank in r
             }
-        status = {
+        status: dict[str, dict[str, Any]] = {
             str(pg.pg_id): {
                 "last_enqueued_collective": pg.last_enq,
                 "last_started_collective": -1,
