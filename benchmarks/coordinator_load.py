@@ -1,0 +1,367 @@
+"""One coordinator, N simulated ranks, the real protocol: how fast is an incident?
+
+    python benchmarks/coordinator_load.py --ranks 4096 --json
+
+Starts `hangwatch server` as its own process (temp data dir, ports 0), then:
+
+1. a fleet of simulated node agents (8 ranks each, `hangwatch.testing.simagents`)
+   registers and reports progress at 1 Hz; the coordinator's CPU is sampled
+   while the job is healthy;
+2. one rank stops before a TP collective; the run waits for the incident to be
+   stored and reads it from the HTTP API: detection, fan-out and collection
+   (first DUMP command -> last CompleteDump acknowledged, timed by the agents),
+   the analyzer's own time (from the coordinator's log line), the verdict, and
+   whether every rank is accounted for;
+3. a separate process pushes progress reports as fast as the coordinator acks
+   them (a second job of the same shape) to measure ingest capacity, with
+   the stalled job still connected.
+
+Coordinator CPU comes from /proc/<pid>/stat (utime+stime), sampled every
+0.2 s; peak RSS is VmHWM from /proc/<pid>/status. Prints one JSON object
+(`--json`) or a short table. Exits 1 if the verdict is wrong or a rank is not
+accounted for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from hangwatch.testing.simagents import Fleet, IngestProbe, IngestSpec
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+ANALYSED_RE = re.compile(r"incident (\S+) analysed in ([0-9.]+)s")
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def proc_status_kb(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+class CpuSampler:
+    """(wall time, process CPU seconds) every `period` s, so any window's CPU can be read."""
+
+    def __init__(self, pid: int, period: float = 0.2) -> None:
+        self.pid = pid
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._thread.start()
+
+    def _run(self, period: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.time(), proc_cpu_s(self.pid)))
+            except OSError:
+                return
+            self._stop.wait(period)
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds and mean cores used between two wall times."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {"cpu_s": 0.0, "cores": 0.0, "wall_s": t1 - t0}
+        (a_t, a_c), (b_t, b_c) = inside[0], inside[-1]
+        return {"cpu_s": b_c - a_c, "cores": (b_c - a_c) / (b_t - a_t), "wall_s": b_t - a_t}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def http_json(url: str, timeout: float = 30.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def start_coordinator(
+    data_dir: Path, *, stall_timeout: float, dump_deadline: float, agent_lost_timeout: float
+) -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
+    log_path = data_dir / "coordinator.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - the child holds it for its life
+    cmd = [
+        sys.executable,
+        "-m",
+        "hangwatch",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+        "--stall-timeout",
+        str(stall_timeout),
+        "--dump-deadline",
+        str(dump_deadline),
+        "--agent-lost-timeout",
+        str(agent_lost_timeout),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    info_path = data_dir / "server.json"
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"coordinator exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
+            )
+        if info_path.exists():
+            try:
+                return proc, json.loads(info_path.read_text()), log_path
+            except json.JSONDecodeError:
+                pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"coordinator wrote no server.json in 60 s:\n{log_path.read_text()[-4000:]}")
+
+
+def stop_coordinator(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            return -9
+    return proc.returncode
+
+
+def wait_incident(http: str, job: str, timeout: float) -> dict[str, Any]:
+    """Poll the API until the job's first incident is no longer collecting."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        rows = http_json(f"{http}/api/incidents?job={job}")
+        done = [r for r in rows if r["status"] != "collecting"]
+        if done:
+            detail: dict[str, Any] = http_json(f"{http}/api/incidents/{done[0]['id']}")
+            detail["incidents_for_job"] = len(rows)
+            return detail
+        time.sleep(0.1)
+    raise TimeoutError(f"no analysed incident for job {job} within {timeout:.0f}s")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    keep = Path(args.keep) if args.keep else None
+    tmp = None if keep else tempfile.TemporaryDirectory(prefix="hangwatch-load-")
+    data_dir = keep or Path(tmp.name)  # type: ignore[union-attr]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    job = f"load-{args.ranks}"
+    lagging = args.lagging if args.lagging is not None else (args.ranks * 5) // 7 + 3
+    out: dict[str, Any] = {"ranks": args.ranks, "agents": args.ranks // 8, "job": job}
+    coord, info, log_path = start_coordinator(
+        data_dir,
+        stall_timeout=args.stall_timeout,
+        dump_deadline=args.dump_deadline,
+        agent_lost_timeout=args.agent_lost_timeout,
+    )
+    pid = int(info["pid"])
+    sampler = CpuSampler(pid)
+    fleet = Fleet(
+        target=info["grpc"], job_id=job, ranks=args.ranks, procs=args.procs, entries=args.entries
+    )
+    profiler: subprocess.Popen[bytes] | None = None
+    try:
+        t0 = time.time()
+        fleet.start()
+        fleet.wait_ready(timeout=120)
+        out["register_s"] = round(time.time() - t0, 2)
+        out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
+        time.sleep(args.healthy_s)
+        t_h = time.time()
+        time.sleep(args.healthy_s)
+        healthy = sampler.window(t_h, time.time())
+        out["healthy_cpu_cores"] = round(healthy["cores"], 3)
+        out["coordinator_rss_healthy_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
+
+        if args.profile:
+            profiler = subprocess.Popen(
+                [
+                    args.py_spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    "50",
+                    "--format",
+                    "raw",
+                    "--output",
+                    args.profile,
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        hang = fleet.stall(lagging)
+        t_stall = fleet.stall_time()
+        budget = args.stall_timeout + args.dump_deadline + args.analyze_budget_s
+        inc = wait_incident(info["http"], job, budget)
+        t_stored = time.time()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
+        time.sleep(0.5)  # let the agents' last CompleteDump bookkeeping land
+        st = fleet.stats()
+
+        analyze_s = None
+        for m in ANALYSED_RE.finditer(log_path.read_text(errors="replace")):
+            if m.group(1) == inc["id"]:
+                analyze_s = float(m.group(2))
+        created, updated = float(inc["created"]), float(inc["updated"])
+        report = inc.get("report") or {}
+        sc = report.get("stalled_collective") or {}
+        expected_group = fleet.topo.group_name("tp", hang.lagging)
+        out |= {
+            "lagging_expected": hang.lagging,
+            "lagging_ranks": inc.get("lagging_ranks"),
+            "verdict": inc.get("verdict"),
+            "status": inc.get("status"),
+            "error": inc.get("error"),
+            "stalled_group": sc.get("group"),
+            "stalled_seq": sc.get("seq"),
+            "expected_group": expected_group,
+            "expected_seq": hang.seq,
+            "incidents": inc["incidents_for_job"],
+            "ranks_dumped": len(inc.get("ranks_dumped") or []),
+            "ranks_unreachable": len(inc.get("ranks_unreachable") or {}),
+            "ranks_accounted": len(inc.get("ranks_dumped") or [])
+            + len(inc.get("ranks_unreachable") or {}),
+            "stall_to_detect_s": round(created - t_stall, 3),
+            "incident_s": round(updated - created, 3),
+            "fanout_s": _delta(st["last_command_at"], created),
+            "fanout_collect_s": _delta(st["last_done_at"], created),
+            "analyze_s": analyze_s,
+            "incident_minus_analyze_s": round(updated - created - analyze_s, 3)
+            if analyze_s is not None
+            else None,
+            "detection_s": inc.get("detection_s"),
+            "api_seen_after_store_s": round(t_stored - updated, 3),
+            "bytes_uploaded": st["bytes_uploaded"],
+            "files_uploaded": st["files_uploaded"],
+            "incident_cpu": sampler.window(created, updated),
+            "fleet": {
+                k: st[k]
+                for k in (
+                    "reports_sent",
+                    "reports_failed",
+                    "reports_unknown",
+                    "entry_batches",
+                    "dump_commands",
+                    "dumps_done",
+                    "dumps_rejected",
+                    "errors",
+                )
+            },
+        }
+        out["correct"] = bool(
+            inc.get("lagging_ranks") == [hang.lagging]
+            and sc.get("group") == expected_group
+            and sc.get("seq") == hang.seq
+            and out["ranks_accounted"] == args.ranks
+            and out["incidents"] == 1
+        )
+
+        if args.ingest_s > 0:
+            probe = IngestProbe(
+                IngestSpec(
+                    target=info["grpc"],
+                    job_id=f"ingest-{args.ranks}",
+                    ranks=args.ranks,
+                    seconds=args.ingest_s,
+                    in_flight=args.ingest_in_flight,
+                )
+            )
+            res = probe.wait(timeout=120 + args.ingest_s)
+            cpu = sampler.window(res["flood_start"], res["flood_end"])
+            out["ingest_reports_per_s"] = round(res["rank_reports_per_s"])
+            out["ingest"] = {
+                **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()},
+                "coordinator_cores": round(cpu["cores"], 3),
+                "coordinator_cpu_us_per_rank_report": round(
+                    cpu["cpu_s"] / max(1, res["rank_reports"]) * 1e6, 1
+                ),
+            }
+        out["coordinator_peak_rss_mb"] = round(proc_status_kb(pid, "VmHWM") / 1024, 1)
+        out["coordinator_cpu_total_s"] = round(proc_cpu_s(pid), 1)
+    finally:
+        if profiler is not None and profiler.poll() is None:
+            profiler.kill()
+        try:
+            fleet.stop()
+        finally:
+            sampler.stop()
+            out["coordinator_exit"] = stop_coordinator(coord)
+            if tmp is not None:
+                tmp.cleanup()
+    out["loadavg_1m"] = os.getloadavg()[0]
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def _delta(t: float | None, base: float) -> float | None:
+    return None if t is None else round(t - base, 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=512, help="simulated ranks (multiple of 32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stall-timeout", type=float, default=5.0)
+    p.add_argument(
+        "--dump-deadline",
+        type=float,
+        default=120.0,
+        help="long, so the run measures collection rather than the deadline",
+    )
+    p.add_argument("--agent-lost-timeout", type=float, default=30.0)
+    p.add_argument("--procs", type=int, default=2, help="processes the simulated agents run in")
+    p.add_argument("--entries", type=int, default=2000, help="FR entries per rank dump")
+    p.add_argument("--lagging", type=int, default=None, help="rank that stalls")
+    p.add_argument(
+        "--healthy-s",
+        type=float,
+        default=3.0,
+        help="settle, then measure the healthy job's CPU, this long each",
+    )
+    p.add_argument("--ingest-s", type=float, default=5.0, help="0 skips the ingest probe")
+    p.add_argument("--ingest-in-flight", type=int, default=128)
+    p.add_argument("--analyze-budget-s", type=float, default=900.0)
+    p.add_argument("--keep", help="data dir to use and keep (default: a temp dir)")
+    p.add_argument("--profile", help="py-spy raw (collapsed) profile of the incident window")
+    p.add_argument("--py-spy", default="py-spy")
+    args = p.parse_args(argv)
+    out = run(args)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:34} {v}")
+    return 0 if out.get("correct") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
