@@ -34,28 +34,19 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from hangwatch.testing.simagents import Fleet, IngestProbe, IngestSpec
+from hangwatch.testing.simagents import (
+    CoordinatorProcess,
+    Fleet,
+    IngestProbe,
+    IngestSpec,
+    proc_cpu_s,
+    proc_status_kb,
+)
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 ANALYSED_RE = re.compile(r"incident (\S+) analysed in ([0-9.]+)s")
-
-
-def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def proc_status_kb(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
 
 
 class CpuSampler:
@@ -89,82 +80,6 @@ class CpuSampler:
         self._thread.join(2)
 
 
-def http_json(url: str, timeout: float = 30.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def start_coordinator(
-    data_dir: Path, *, stall_timeout: float, dump_deadline: float, agent_lost_timeout: float
-) -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
-    log_path = data_dir / "coordinator.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - the child holds it for its life
-    cmd = [
-        sys.executable,
-        "-m",
-        "hangwatch",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--http-port",
-        "0",
-        "--data-dir",
-        str(data_dir),
-        "--stall-timeout",
-        str(stall_timeout),
-        "--dump-deadline",
-        str(dump_deadline),
-        "--agent-lost-timeout",
-        str(agent_lost_timeout),
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    log.close()
-    info_path = data_dir / "server.json"
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"coordinator exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"
-            )
-        if info_path.exists():
-            try:
-                return proc, json.loads(info_path.read_text()), log_path
-            except json.JSONDecodeError:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"coordinator wrote no server.json in 60 s:\n{log_path.read_text()[-4000:]}")
-
-
-def stop_coordinator(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            return -9
-    return proc.returncode
-
-
-def wait_incident(http: str, job: str, timeout: float) -> dict[str, Any]:
-    """Poll the API until the job's first incident is no longer collecting."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        rows = http_json(f"{http}/api/incidents?job={job}")
-        done = [r for r in rows if r["status"] != "collecting"]
-        if done:
-            detail: dict[str, Any] = http_json(f"{http}/api/incidents/{done[0]['id']}")
-            detail["incidents_for_job"] = len(rows)
-            return detail
-        time.sleep(0.1)
-    raise TimeoutError(f"no analysed incident for job {job} within {timeout:.0f}s")
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     keep = Path(args.keep) if args.keep else None
     tmp = None if keep else tempfile.TemporaryDirectory(prefix="hangwatch-load-")
@@ -173,16 +88,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     job = f"load-{args.ranks}"
     lagging = args.lagging if args.lagging is not None else (args.ranks * 5) // 7 + 3
     out: dict[str, Any] = {"ranks": args.ranks, "agents": args.ranks // 8, "job": job}
-    coord, info, log_path = start_coordinator(
+    coord = CoordinatorProcess(
         data_dir,
         stall_timeout=args.stall_timeout,
         dump_deadline=args.dump_deadline,
         agent_lost_timeout=args.agent_lost_timeout,
     )
-    pid = int(info["pid"])
+    pid = coord.pid
     sampler = CpuSampler(pid)
     fleet = Fleet(
-        target=info["grpc"], job_id=job, ranks=args.ranks, procs=args.procs, entries=args.entries
+        target=coord.grpc, job_id=job, ranks=args.ranks, procs=args.procs, entries=args.entries
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -219,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hang = fleet.stall(lagging)
         t_stall = fleet.stall_time()
         budget = args.stall_timeout + args.dump_deadline + args.analyze_budget_s
-        inc = wait_incident(info["http"], job, budget)
+        inc = coord.wait_incident(job, budget)
         t_stored = time.time()
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
@@ -228,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         st = fleet.stats()
 
         analyze_s = None
-        for m in ANALYSED_RE.finditer(log_path.read_text(errors="replace")):
+        for m in ANALYSED_RE.finditer(coord.log()):
             if m.group(1) == inc["id"]:
                 analyze_s = float(m.group(2))
         created, updated = float(inc["created"]), float(inc["updated"])
@@ -288,7 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.ingest_s > 0:
             probe = IngestProbe(
                 IngestSpec(
-                    target=info["grpc"],
+                    target=coord.grpc,
                     job_id=f"ingest-{args.ranks}",
                     ranks=args.ranks,
                     seconds=args.ingest_s,
@@ -314,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fleet.stop()
         finally:
             sampler.stop()
-            out["coordinator_exit"] = stop_coordinator(coord)
+            out["coordinator_exit"] = coord.stop()
             if tmp is not None:
                 tmp.cleanup()
     out["loadavg_1m"] = os.getloadavg()[0]

@@ -1,0 +1,160 @@
+"""One real coordinator process, many simulated node agents over real gRPC, one stalled rank.
+
+A scaled-down `benchmarks/coordinator_load.py`: it checks correctness, not
+speed. The coordinator runs as `python -m hangwatch server`; the agents
+(`hangwatch.testing.simagents`) run in a child process, register 8 ranks
+each, report progress at 1 Hz, and answer the DUMP command with chunked,
+sha256-checked uploads. The analyzer in the coordinator must name the rank
+the simulation made lag, in the TP group and at the seq it never entered.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+from hangwatch.analyzer.safepickle import safe_loads
+
+from hangwatch import formats
+from hangwatch.testing.simagents import (
+    KINDS,
+    OPS_PER_STEP,
+    Clock,
+    CoordinatorProcess,
+    DumpFactory,
+    Fleet,
+    Hang,
+    Topology,
+    last_seq,
+    op_at,
+    rank_pos,
+    sweep,
+)
+
+# 16 agents. (At 256 ranks the job has 129 process groups, which trips an
+# analyzer bug with more than 127 groups; see docs/scaling.md.)
+RANKS = 128
+# Fewer entries than the benchmark's 2,000 keep the bundle under the size at
+# which the analyzer starts a process pool: seconds, not tens of seconds, on CI.
+ENTRIES = 400
+LAGGING = 83
+STALL_TIMEOUT = 2.0
+
+
+def _hang(topo: Topology, clock: Clock, lagging: int) -> Hang:
+    h = clock.hang_index_after(time.time())
+    return Hang(lagging=lagging, hang_index=h, blocked=sweep(topo, lagging, h))
+
+
+@pytest.mark.timeout(30)
+def test_topology_groups_are_consistent() -> None:
+    topo = Topology(ranks=RANKS)
+    groups = topo.groups()
+    assert len(groups) == 1 + RANKS // 8 + RANKS // 4 + 8 * 4
+    for r in range(RANKS):
+        for k in KINDS:
+            members = topo.group_members(k, r)
+            assert r in members
+            assert groups[topo.group_name(k, r)] == (k, members)
+    # TP groups are one node; PP and DP groups span nodes.
+    assert topo.group_members("tp", 83) == list(range(80, 88))
+    assert len({m // 8 for m in topo.group_members("pp", 83)}) == 4
+    assert len({m // 8 for m in topo.group_members("dp", 83)}) == topo.dp
+
+
+@pytest.mark.timeout(30)
+def test_sweep_blocks_every_rank_behind_the_lagging_one() -> None:
+    topo = Topology(ranks=RANKS)
+    hang = _hang(topo, Clock(epoch=time.time()), LAGGING)
+    h = hang.hang_index
+    assert op_at(h)[0] == "tp"
+    assert set(hang.blocked) == set(range(RANKS))
+    assert all(h <= b < h + 2 * OPS_PER_STEP for b in hang.blocked.values())
+    assert {r for r, b in hang.blocked.items() if b == h} == set(topo.group_members("tp", LAGGING))
+    lag = rank_pos(LAGGING, h + 100, hang)
+    peer = rank_pos(LAGGING + 1, h + 100, hang)
+    assert (lag.completed, lag.started, lag.enqueued) == (h - 1, None, h - 1)
+    assert (peer.completed, peer.started) == (h - 1, h)
+    # Before the hang position every rank runs normally.
+    assert rank_pos(LAGGING, h - 1, hang).started == h - 1
+
+
+@pytest.mark.timeout(60)
+def test_templated_dump_is_exactly_the_pickled_dump() -> None:
+    topo = Topology(ranks=RANKS)
+    clock = Clock(epoch=time.time() - 30)
+    factory = DumpFactory(topo, clock, entries=ENTRIES)
+    hang = _hang(topo, clock, LAGGING)
+    for r in (0, LAGGING, LAGGING + 1, RANKS - 1):
+        pos = rank_pos(r, 1 << 40, hang)
+        data = factory.dump_bytes(r, pos)
+        assert data == pickle.dumps(factory.dump_dict(pos, factory.rank_strings(r)), protocol=2)
+        d = safe_loads(data)
+        assert d["version"] == "2.10"
+        assert len(d["entries"]) == ENTRIES
+        names = {topo.group_name(k, r) for k in KINDS}
+        assert set(d["pg_config"]) == names
+        assert {e["process_group"][0] for e in d["entries"]} == names
+        for k in KINDS:
+            cfg = d["pg_config"][topo.group_name(k, r)]
+            assert cfg["ranks"] == str(topo.group_members(k, r))
+        last = d["entries"][-1]
+        assert last["record_id"] == pos.enqueued
+        status = d["pg_status"]["1"]  # TP: local pg_id 1
+        assert status["last_completed_collective"] == last_seq("tp", pos.completed)
+        if r == LAGGING:
+            assert all(e["state"] == "completed" for e in d["entries"])
+            assert status["last_enqueued_collective"] == hang.seq - 1
+        else:
+            assert any(e["state"] == "started" for e in d["entries"])
+
+
+@pytest.mark.timeout(60)
+def test_one_stalled_rank_among_many_agents_gives_one_incident(tmp_path: Path) -> None:
+    data_dir = tmp_path / "coord"
+    with CoordinatorProcess(
+        data_dir, stall_timeout=STALL_TIMEOUT, dump_deadline=30, agent_lost_timeout=30
+    ) as coord:
+        fleet = Fleet(target=coord.grpc, job_id="scale-job", ranks=RANKS, entries=ENTRIES, procs=1)
+        with fleet:
+            assert fleet.wait_ready(timeout=40) == RANKS // 8
+            time.sleep(1.5)  # a couple of healthy reports: no incident for a running job
+            assert coord.get("/api/incidents?job=scale-job") == []
+            hang = fleet.stall(LAGGING)
+            inc = coord.wait_incident("scale-job", timeout=40)
+            # The job stays hung: the coordinator must not open a second incident.
+            time.sleep(STALL_TIMEOUT + 1.0)
+            rows = coord.get("/api/incidents?job=scale-job")
+            stats = fleet.stats()
+        assert coord.stop() == 0, coord.log()[-3000:]
+
+    assert len(rows) == 1, rows
+    assert inc["status"] == "analyzed", inc.get("error")
+    assert inc["ranks_dumped"] == list(range(RANKS))
+    assert inc["ranks_unreachable"] == {}
+    assert inc["verdict"] == "hang"
+    assert inc["lagging_ranks"] == [LAGGING]
+    sc = inc["report"]["stalled_collective"]
+    assert sc["group"] == fleet.topo.group_name("tp", LAGGING)
+    assert sc["seq"] == hang.seq
+    assert sc["profiling_name"] == "nccl:_all_gather_base"
+    assert sc["missing_ranks"] == [LAGGING]
+    assert sorted(sc["entered_ranks"]) == [r for r in range(80, 88) if r != LAGGING]
+
+    assert stats["errors"] == []
+    assert stats["dumps_done"] == RANKS // 8 and stats["dumps_rejected"] == 0
+    assert stats["files_uploaded"] == 3 * RANKS
+    assert stats["reports_failed"] == 0
+
+    # What the coordinator stored is byte for byte what the agents sent.
+    bundle = data_dir / "incidents" / inc["id"]
+    factory = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES)
+    for r in range(RANKS):
+        rank_dir = bundle / f"rank_{r}"
+        assert (rank_dir / formats.META_FILE).is_file()
+        assert (rank_dir / formats.STACKS_FILE).is_file()
+        fr = (rank_dir / f"{formats.FR_FILE_PREFIX}{r}").read_bytes()
+        assert fr == factory.dump_bytes(r, rank_pos(r, 1 << 40, hang)), f"rank {r}"
+    assert not list(bundle.rglob("*.part"))
