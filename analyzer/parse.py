@@ -132,6 +132,9 @@ def _int_column(values: list[Any], default: int, what: str) -> np.ndarray:
     try:
         if all(type(v) is int for v in values):
             return np.array(values, dtype=np.int64)
+        filled = [default if v is None else v for v in values]  # pickle's None timestamps
+        if all(type(v) is int for v in filled):
+            return np.array(filled, dtype=np.int64)
         return np.array([_opt_int(v, default, what) for v in values], dtype=np.int64)
     except OverflowError:
         raise DumpFormatError(f"{what} does not fit in 64 bits") from None
