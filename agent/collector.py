@@ -20,7 +20,10 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +36,10 @@ from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
 
-# torch's first pickle dump with stack traces symbolizes frames: ~1.8 s measured.
-FR_PICKLE_TIMEOUT_S = 5.0
+# torch's first pickle dump with stack traces symbolizes frames (~1.8 s
+# measured idle, longer on a loaded node) and needs the GIL, so it is only
+# waited for briefly once the C++ JSON dump, which needs neither, is in hand.
+FR_PICKLE_GRACE_S = 1.5
 FR_JSON_TIMEOUT_S = 3.0
 TRACEBACK_TIMEOUT_S = 2.0
 PYSPY_TIMEOUT_S = 5.0
@@ -96,8 +101,49 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _fetch_fr(sock: str) -> tuple[bytes | None, str]:
+    """(dump, error text): the pickle (with call-site frames) when it arrives
+    within a short grace after the JSON dump, else the JSON dump."""
+    errors: list[str] = []
+    # Not a `with` block: leaving one waits for a pickle call still blocked on
+    # the GIL; its own socket timeout ends that thread instead.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangwatch-fr")
+    try:
+        pickled = pool.submit(
+            endpoint.call,
+            sock,
+            hook_protocol.FR_PICKLE,
+            timeout=FR_JSON_TIMEOUT_S + FR_PICKLE_GRACE_S,
+        )
+        as_json = pool.submit(
+            endpoint.call, sock, hook_protocol.FR_TRACE_JSON, timeout=FR_JSON_TIMEOUT_S
+        )
+        json_data: bytes | None = None
+        try:
+            json_data = as_json.result()
+        except (TimeoutError, endpoint.EndpointError) as e:
+            errors.append(f"{hook_protocol.FR_TRACE_JSON}: {e}")
+        try:
+            return pickled.result(timeout=FR_PICKLE_GRACE_S), "; ".join(errors)
+        except FutureTimeout:
+            errors.append(
+                f"{hook_protocol.FR_PICKLE}: no answer within {FR_PICKLE_GRACE_S:g}s of the JSON dump"
+            )
+        except (TimeoutError, endpoint.EndpointError) as e:
+            errors.append(f"{hook_protocol.FR_PICKLE}: {e}")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return json_data, "; ".join(errors)
+
+
+def _find_pyspy(pyspy: str) -> str | None:
+    # A venv's console scripts sit beside its interpreter, which need not be
+    # on PATH (e.g. `.venv/bin/python -m hangwatch agent`).
+    return shutil.which(pyspy) or shutil.which(pyspy, path=os.path.dirname(sys.executable))
+
+
 def _pyspy(pyspy: str, pid: int, nonblocking: bool) -> str:
-    exe = shutil.which(pyspy)
+    exe = _find_pyspy(pyspy)
     if exe is None:
         raise RuntimeError(f"py-spy executable {pyspy!r} not found")
     cmd = [exe, "dump", "--pid", str(pid)]
@@ -152,17 +198,13 @@ def collect_rank(
     fr_name = f"{formats.FR_FILE_PREFIX}{rank}"
     fr_kind = str(t.info.get("fr_source") or "worker-server")
     if alive and t.socket:
-        for handler, timeout in (
-            (hook_protocol.FR_PICKLE, FR_PICKLE_TIMEOUT_S),
-            (hook_protocol.FR_TRACE_JSON, FR_JSON_TIMEOUT_S),
-        ):
-            try:
-                files[fr_name] = endpoint.call(t.socket, handler, timeout=timeout)
-                sources["fr"] = fr_kind
-                reachable = True
-                break
-            except (TimeoutError, endpoint.EndpointError) as e:
-                errors["fr"] = f"{errors.get('fr', '')}{handler}: {e}; ".strip()
+        data, err = _fetch_fr(t.socket)
+        if data is not None:
+            files[fr_name] = data
+            sources["fr"] = fr_kind
+            reachable = True
+        if err:
+            errors["fr"] = err
     if fr_name not in files:
         wd = _watchdog_file(run_dir, rank)
         if wd is not None:
