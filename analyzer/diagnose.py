@@ -134,6 +134,7 @@ class _Diagnosis:
         waits = self._collective_waits(P) + self._p2p_waits(P)
         self._all_waits = [w for w in waits if w.targets]
         roots, cycles = self._roots(waits)
+        roots = self._blame_in_cycles(roots, cycles, waits)
         mismatches = find_mismatches(self.E, self.groups)
         return self._verdict(P, waits, roots, cycles, mismatches)
 
@@ -330,6 +331,40 @@ class _Diagnosis:
             elif ranks and ranks[0] in targets:
                 roots.append(ranks[0])
         return sorted(set(roots)), cycles
+
+    @staticmethod
+    def _cycle_sides(cycle: list[int], waits: list[Wait]) -> dict[tuple[str, int], set[int]]:
+        """The ranks of a cycle, grouped by the (group, seq) each is blocked in."""
+        cs = set(cycle)
+        sides: dict[tuple[str, int], set[int]] = {}
+        for w in waits:
+            if w.targets & cs:
+                for r in w.waiters & cs:
+                    sides.setdefault((w.group, w.seq), set()).add(r)
+        return sides
+
+    def _blame_in_cycles(
+        self, roots: list[int], cycles: list[list[int]], waits: list[Wait]
+    ) -> list[int]:
+        """In a cross-group deadlock, blame the ranks that took the odd order.
+
+        Where most of a cycle's ranks wait in one collective and a minority in
+        another, the minority entered the groups in a different order than
+        everyone else: they are the odd ones out, and the majority is merely
+        blocked on them. When the sides are the same size there is no odd one
+        out and every rank of the cycle is named.
+        """
+        in_cycle = {r for c in cycles for r in c}
+        blamed = set(roots) - in_cycle
+        for c in cycles:
+            sizes = [len(v) for v in self._cycle_sides(c, waits).values()]
+            if len(sizes) < 2 or min(sizes) == max(sizes):
+                blamed.update(c)
+                continue
+            blamed.update(
+                r for v in self._cycle_sides(c, waits).values() if len(v) == min(sizes) for r in v
+            )
+        return sorted(blamed)
 
     # ---------- verdict ----------
     def _verdict(
@@ -604,6 +639,16 @@ class _Diagnosis:
             gs = sorted(
                 {f.group for f in self.findings if f.kind == "cross-group-deadlock" and f.group}
             )
+            odd = sorted(set(c) & set(roots))
+            if gs and len(odd) < len(c):
+                rest = sorted(set(c) - set(odd))
+                both = sorted({g for g, _ in self._cycle_sides(c, self._all_waits)})
+                return (
+                    f"Cross-group deadlock: {_ranks_lower(odd)} entered groups "
+                    f"{' and '.join(self._gname(g) for g in both)} in a different order than "
+                    f"{_ranks_lower(rest)}, which wait in {sc.op or 'collective'} #{sc.seq} "
+                    f"in group {gname} for {'it' if len(odd) == 1 else 'them'}."
+                )
             return (
                 f"Cross-group deadlock: ranks {rank_list(c)} wait on each other in different groups "
                 f"(entered in opposite orders), e.g. {sc.op or 'collective'} #{sc.seq} in group {gname}."

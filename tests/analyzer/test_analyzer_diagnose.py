@@ -342,3 +342,25 @@ def test_version_2_0_dump_diagnoses(tmp_path: Path) -> None:
     job.write(tmp_path, version="2.0")
     rep = analyze_path(tmp_path)
     assert rep.verdict == "hang" and rep.lagging_ranks == [2]
+
+
+def test_cross_group_deadlock_blames_the_rank_that_took_the_odd_order(tmp_path: Path) -> None:
+    # Every rank trains on group "1" then the default group; rank 1 alone goes
+    # to the default group first. Ranks 0,2,3 wait in group 1 for rank 1, and
+    # rank 1 waits in the default group for them: a cycle whose odd one out is 1.
+    job = SimJob(4, backend="gloo")
+    job.group("1", [0, 1, 2, 3])
+    job.all("1")
+    job.all("0")
+    for r in (0, 2, 3):
+        job.ranks[r].coll("1", done=False)
+    job.ranks[1].coll("0", done=False)
+    job.write(tmp_path)
+    rep = analyze_path(tmp_path)
+    assert rep.verdict == "hang"
+    assert rep.lagging_ranks == [1]
+    assert rep.stalled_collective is not None
+    assert (rep.stalled_collective.group, rep.stalled_collective.seq) == ("1", 2)
+    f = next(f for f in rep.findings if f.kind == "cross-group-deadlock")
+    assert f.ranks == [0, 1, 2, 3]
+    assert rep.summary.startswith("Cross-group deadlock: rank 1 entered groups")
