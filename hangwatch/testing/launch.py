@@ -265,7 +265,7 @@ def launch_job(
     attach: bool = False,
     extra_env: Mapping[str, str] | None = None,
     snapshot_format: str = "pickle",
-    snapshot_layout: str = "bundle",
+    snapshot_layout: str | None = None,
     portable_paths: bool = False,
     include_frames: bool = True,
     step_time: float | None = None,
@@ -277,6 +277,7 @@ def launch_job(
     The ranks are killed (SIGKILL, Linux) if the calling thread exits, so a
     killed test run leaves no orphans; launch from a thread that outlives the
     job. Retries once on a new port if the rendezvous port was taken meanwhile.
+    `snapshot_layout` defaults to the scenario's (see `Scenario.snapshot_layout`).
     """
     sc = get_scenario(scenario) if isinstance(scenario, str) else scenario
     sc.check_world(world_size)
@@ -295,7 +296,7 @@ def launch_job(
             attach=attach,
             extra_env=extra_env or {},
             snapshot_format=snapshot_format,
-            snapshot_layout=snapshot_layout,
+            snapshot_layout=snapshot_layout or sc.snapshot_layout,
             portable_paths=portable_paths,
             include_frames=include_frames,
             step_time=step_time,

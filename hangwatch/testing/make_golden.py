@@ -36,7 +36,7 @@ class GoldenSpec:
     dirname: str
     scenario: str
     format: str = "pickle"
-    layout: str = "bundle"
+    layout: str | None = None  # None: the scenario's own (Scenario.snapshot_layout)
 
 
 GOLDENS = (
@@ -63,6 +63,7 @@ def _dir_bytes(path: Path) -> int:
 def make_one(spec: GoldenSpec, out_dir: Path, *, command: str) -> Path:
     sc = get_scenario(spec.scenario)
     dest = out_dir / spec.dirname
+    layout = spec.layout or sc.snapshot_layout
     with tempfile.TemporaryDirectory(prefix=f"hangwatch-golden-{spec.dirname}-") as tmp:
         with launch_job(
             sc,
@@ -70,7 +71,7 @@ def make_one(spec: GoldenSpec, out_dir: Path, *, command: str) -> Path:
             workdir=Path(tmp),
             snapshot_after=SNAPSHOT_AFTER_S,
             snapshot_format=spec.format,
-            snapshot_layout=spec.layout,
+            snapshot_layout=layout,
             portable_paths=True,
         ) as job:
             snap = job.wait_snapshots(timeout=120)
@@ -89,7 +90,7 @@ def make_one(spec: GoldenSpec, out_dir: Path, *, command: str) -> Path:
             "world_size": WORLD_SIZE,
             "torch_version": importlib.metadata.version("torch"),
             "format": spec.format,
-            "layout": spec.layout,
+            "layout": layout,
             "steps_before_fault": steps,
             "injected_ranks": sc.guilty_ranks(WORLD_SIZE),
             "ranks_without_dump": sc.silent_ranks(WORLD_SIZE),

@@ -157,6 +157,17 @@ class Scenario:
         self.check_world(world)
         return self.in_flight(world, steps)
 
+    @property
+    def snapshot_layout(self) -> str:
+        """The layout a snapshot of this scenario takes by default.
+
+        What the real system would leave behind: a stalled job raises an
+        incident, whose bundle carries per-rank `meta.json` and stacks (and
+        the analyzer reads a bundle as "a stall was reported"). A healthy job
+        raises none, so its dumps are plain FR files, as from a manual dump.
+        """
+        return "plain" if self.verdict == "healthy" else "bundle"
+
     def expected(self, world: int, steps: int) -> dict[str, object]:
         """The `expected` block of a golden manifest."""
         st = self.stalled(world, steps)
