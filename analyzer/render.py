@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from hangwatch.analyzer.report import RankEvidence, Report
-from hangwatch.analyzer.text import rank_list
+from hangwatch.analyzer.text import rank_list, stack_excerpt
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -11,7 +13,7 @@ from rich.text import Text
 
 MAX_GROUP_ROWS = 24
 MAX_LAGGING_ROWS = 32
-STACK_EXCERPT_LINES = 12
+STACK_EXCERPT_LINES = 6
 
 _VERDICT_STYLE = {
     "hang": "bold red",
@@ -122,8 +124,11 @@ def _evidence_cells(ev: RankEvidence | None) -> list[str | Text | Group]:
         if ev.last_entered
         else "-"
     )
-    lines = [f"{fr.filename}:{fr.line} {fr.name}" for fr in ev.frames[:4]]
+    lines = [f"{fr.name} ({os.path.basename(fr.filename)}:{fr.line})" for fr in ev.frames[:3]]
     if ev.stacks:
-        excerpt = [ln for ln in ev.stacks.splitlines() if ln.strip()][:STACK_EXCERPT_LINES]
-        lines += ["[stacks]", *excerpt]
+        source = ev.sources.get("stacks", "")
+        lines += [
+            f"-- now ({source or 'stacks'}):",
+            *stack_excerpt(ev.stacks, frames=STACK_EXCERPT_LINES),
+        ]
     return [host or "-", lc, le, Text("\n".join(lines) or "-")]
