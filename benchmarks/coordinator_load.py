@@ -178,9 +178,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bytes_uploaded": st["bytes_uploaded"],
             "files_uploaded": st["files_uploaded"],
             "incident_cpu": sampler.window(created, updated),
+            "fanout_cpu": sampler.window(created, st["last_done_at"] or updated),
             "fleet": {
                 k: st[k]
                 for k in (
+                    "register_retries",
                     "reports_sent",
                     "reports_failed",
                     "reports_unknown",

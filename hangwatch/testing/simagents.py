@@ -580,6 +580,7 @@ class DumpRecord:
 @dataclass
 class AgentStats:
     registered: int = 0
+    register_retries: int = 0
     reports_sent: int = 0
     reports_failed: int = 0
     reports_unknown: int = 0
@@ -590,6 +591,11 @@ class AgentStats:
     def error(self, text: str) -> None:
         if len(self.errors) < 50:
             self.errors.append(text)
+
+
+_TRANSIENT: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
 
 
 class SimAgent:
@@ -656,10 +662,20 @@ class SimAgent:
             ],
         )
 
-    async def register(self) -> None:
-        resp = await self.stub.Register(
-            self.register_request(), timeout=UNARY_TIMEOUT_S, metadata=self.metadata
-        )
+    async def register(self, attempts: int = 5) -> None:
+        """Register, retrying transient failures with backoff as the real agent does."""
+        for attempt in range(attempts):
+            try:
+                resp = await self.stub.Register(
+                    self.register_request(), timeout=UNARY_TIMEOUT_S, metadata=self.metadata
+                )
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in _TRANSIENT or attempt == attempts - 1:
+                    raise
+                self.stats.register_retries += 1
+                self.stats.error(f"Register: {e.code().name}: {e.details()} (retrying)")
+                await asyncio.sleep(0.2 * 2**attempt)
         self.session_id = resp.session_id
         self.stats.registered += 1
 
@@ -987,6 +1003,7 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "agents": len(parts),
         "registered": sum(1 for p in parts if p["registered"]),
+        "register_retries": sum(p["register_retries"] for p in parts),
         "reports_sent": sum(p["reports_sent"] for p in parts),
         "reports_failed": sum(p["reports_failed"] for p in parts),
         "reports_unknown": sum(p["reports_unknown"] for p in parts),
