@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from hangwatch.analyzer.report import Report
-from helpers import GOLDEN_DIR
+from helpers import GOLDEN_DIR, free_port
 
 from hangwatch.testing.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
@@ -136,3 +136,24 @@ def test_crashing_rank_surfaces_its_stderr(tmp_path: Path) -> None:
     message = str(err.value)
     assert "rank 1 exit code 1" in message
     assert "RuntimeError: injected crash on rank 1" in message
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(60)
+def test_launch_retries_once_when_the_rendezvous_port_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from hangwatch.testing import launch
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        picks = iter([taken])
+        # The first pick loses the inherent race; later picks are real.
+        monkeypatch.setattr(launch, "free_port", lambda: next(picks, None) or free_port())
+        with launch.launch_job("healthy", 2, workdir=tmp_path, steps_before_fault=1) as job:
+            assert job.master_port != taken
+            assert job.wait(timeout=30) == [0, 0]

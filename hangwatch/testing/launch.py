@@ -305,14 +305,12 @@ def launch_job(
         try:
             handle.wait_ready(ready_timeout)
             return handle
-        except JobFailed:
+        except BaseException as e:
+            # The JobFailed message already carries the dead ranks' stderr.
             handle.terminate()
             in_use = any(s in handle.stderr_tail(0).lower() for s in _ADDR_IN_USE)
-            if attempt == 1 and in_use:
+            if isinstance(e, JobFailed) and attempt == 1 and in_use:
                 continue
-            # Re-raise with the evidence: terminate() hid the crash from check_no_crash.
-            handle._terminated = False
-            handle.check_no_crash()
             raise
     raise AssertionError("unreachable")
 
