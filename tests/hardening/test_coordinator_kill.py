@@ -1,0 +1,117 @@
+"""Coordinator SIGKILLed and restarted (same port, same data dir) under a live gloo job.
+
+Promises checked, with real processes throughout:
+- training keeps its pace while the coordinator is gone (median step time in
+  the down windows vs the up windows);
+- the agent is back (every rank connected and observed) within 5 s of each restart;
+- a hang that begins while the coordinator is down is diagnosed once it is back;
+- an analysed incident survives another SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hangwatch.testing.chaos import AgentProc, CoordinatorProc
+from tests.hardening.trainjob import TrainJob, complement, median_in
+from tests.hardening.util import all_connected, finished_incidents, wait_for
+
+pytestmark = [pytest.mark.torch]
+
+JOB = "chaos-coord"
+WORLD = 2
+CULPRIT = 1
+KILLS = 3
+DOWN_S = 2.5
+UP_S = 2.5
+STALL_S = 2.0
+# Step times on a shared 2-core CI box are noisy; a coordinator that blocked
+# training would show up as a multiple, not a few tens of percent.
+MAX_RATIO = 1.5
+
+
+@pytest.mark.timeout(150)
+def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
+    coord = CoordinatorProc(
+        tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=3
+    )
+    coord.start()
+    run = tmp_path / "run"
+    agent = AgentProc(
+        coordinator=coord.grpc, run_dir=run, job_id=JOB, node_id="node-a",
+        log_path=tmp_path / "agent.log",
+    )  # fmt: skip
+    agent.start()
+    job = TrainJob(tmp_path, world=WORLD, run_dirs=[run] * WORLD, job_id=JOB, culprit=CULPRIT)
+    try:
+        job.start()
+        wait_for(lambda: all_connected(coord, JOB, list(range(WORLD))), 30, "ranks registered")
+        t_begin = time.monotonic()
+        time.sleep(UP_S)
+
+        down: list[tuple[float, float]] = []
+        reconnect: list[float] = []
+        for _ in range(KILLS):
+            t_kill = coord.kill()
+            time.sleep(DOWN_S)
+            job.check()
+            t_serving = coord.start()
+            down.append((t_kill, t_serving))
+            wait_for(lambda: all_connected(coord, JOB, list(range(WORLD))), 10, "reconnect")
+            reconnect.append(time.monotonic() - t_serving)
+            time.sleep(UP_S)
+        agent.check()
+        t_end = time.monotonic()
+        up = complement(down, t_begin, t_end)
+
+        ratios = {}
+        for r in range(WORLD):
+            steps = job.steps(r)
+            md, mu = median_in(steps, down), median_in(steps, up)
+            assert md is not None and mu is not None, f"rank {r}: no steps in some window"
+            ratios[r] = md / mu
+        (tmp_path / "measured.json").write_text(
+            json.dumps({"reconnect_s": reconnect, "ratios": ratios})
+        )
+        print(f"reconnect after restart (s): {[round(x, 2) for x in reconnect]}")
+        print(f"median step time, coordinator down / up, per rank: {ratios}")
+        assert max(reconnect) < 5.0, reconnect
+        assert all(x < MAX_RATIO for x in ratios.values()), ratios
+
+        # A hang that starts while nobody is listening.
+        coord.kill()
+        job.hang()
+        time.sleep(STALL_S + 1.0)
+        coord.start()
+        [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
+        assert inc["status"] == "analyzed", inc
+        assert inc["verdict"] == "hang", inc["summary"]
+        assert inc["lagging_ranks"] == [CULPRIT], inc["summary"]
+        assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
+
+        # Acknowledged incidents survive a crash of the coordinator that stored them.
+        coord.kill()
+        coord.start()
+        again = coord.api(f"/api/incidents/{inc['id']}")
+        assert (again["status"], again["verdict"], again["lagging_ranks"]) == (
+            "analyzed", "hang", [CULPRIT],
+        )  # fmt: skip
+        health = coord.health()
+        assert health.serving
+        # The job is still hung: give the restarted coordinator time to notice it again.
+        time.sleep(2 * STALL_S + 2)
+        agent.check()
+        rows = coord.api(f"/api/incidents?job={JOB}")
+        if len(rows) > 1:
+            # Known bug (server/incidents.py): which stalls an incident covered
+            # lives only in memory, so a restart during a hang opens a second
+            # incident for the same (group, seq) and dumps every rank again.
+            pytest.xfail(f"restart during a hang opened {len(rows)} incidents for one stall")
+    finally:
+        job.close()
+        agent.stop()
+        coord.stop()

@@ -1,0 +1,56 @@
+"""Shared helpers for the fault-injection tests (real coordinator, agents and gloo ranks)."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hangwatch.testing.chaos import CoordinatorProc
+
+T = TypeVar("T")
+
+
+def wait_for(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
+    """Poll `pred` until it returns something truthy; returns that value."""
+    end = time.monotonic() + timeout
+    last_err: BaseException | None = None
+    while time.monotonic() < end:
+        try:
+            v = pred()
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            # The HTTP side may still be starting; keep the evidence.
+            last_err, v = e, None
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_err})"
+    )
+
+
+def ranks_view(coord: CoordinatorProc, job: str) -> dict[int, dict[str, Any]]:
+    """rank -> its row of /api/jobs/{job}/ranks ({} when the job is unknown)."""
+    try:
+        doc = coord.api(f"/api/jobs/{job}/ranks")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return {}
+        raise
+    return {int(r["rank"]): r for r in doc["ranks"]}
+
+
+def all_connected(coord: CoordinatorProc, job: str, ranks: list[int]) -> bool:
+    view = ranks_view(coord, job)
+    return all(r in view and view[r]["connected"] and view[r]["observed"] for r in ranks)
+
+
+def finished_incidents(coord: CoordinatorProc, job: str) -> list[dict[str, Any]]:
+    """The job's incidents that are analysed or failed, in detail form."""
+    rows = coord.api(f"/api/incidents?job={job}")
+    return [
+        coord.api(f"/api/incidents/{r['id']}")
+        for r in rows
+        if r["status"] in ("analyzed", "failed")
+    ]
