@@ -174,6 +174,21 @@ def parse_frtrace(text: str) -> dict[str, Any]:
     }
 
 
+def _commit() -> str | None:
+    """The checkout's commit, so a result names the analyzer it measured."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def _median(vals: list[float]) -> float | None:
     return round(statistics.median(vals), 3) if vals else None
 
@@ -259,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tp": ns.tp,
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
+        "commit": _commit(),
     }
     failed = False
     with dump_dir(ns.keep) as d:
