@@ -1,0 +1,43 @@
+"""A coordinator process shared by the live tests (real `hangwatch server`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+STALL_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="session")
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    data = tmp_path_factory.mktemp("coord")
+    log = (data / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hangwatch", "server", "--grpc-port", "0", "--http-port", "0",
+         "--data-dir", str(data), "--stall-timeout", str(STALL_TIMEOUT), "--dump-deadline", "15"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    info_path = data / "server.json"
+    try:
+        for _ in range(600):
+            if info_path.exists():
+                break
+            assert proc.poll() is None, (data / "server.log").read_text()
+            time.sleep(0.1)
+        info = json.loads(info_path.read_text())
+        yield {"grpc": info["grpc"], "http": info["http"], "data": str(data)}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        log.close()
+    assert rc == 0, f"coordinator exited {rc}: {(data / 'server.log').read_text()[-3000:]}"
