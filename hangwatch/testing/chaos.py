@@ -4,11 +4,11 @@
   across restarts, so `kill()` (SIGKILL) and `start()` look to agents exactly
   like a coordinator crash and a supervisor restarting it.
 - `AgentProc`: `hangwatch agent` as a child process, optionally inside a network
-  namespace and/or with a skewed wall clock (libfaketime).
+  namespace and/or with a skewed wall clock.
 - `TmpfsMount`: a small tmpfs mounted over a directory, to make it full or read-only.
 - `NetnsLink`: a network namespace joined to the host by a veth pair; taking
   the host end down partitions everything inside it.
-- `faketime_env`: environment that shifts a process's wall clock (and only that).
+- `skewed_clock_env`: environment that shifts a process's wall clock (and only that).
 - `rss_bytes`: a process's resident set size from /proc.
 
 Each injector that needs privileges (mount, ip netns) raises `FaultUnavailable`
@@ -36,13 +36,6 @@ from hangwatch import env
 from hangwatch.testing.ports import free_port
 
 SERVER_INFO_FILE = "server.json"
-# Where Debian/Ubuntu (package `faketime`) and Fedora put libfaketime.
-_FAKETIME_LIBS = (
-    "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-    "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-    "/usr/lib64/faketime/libfaketimeMT.so.1",
-    "/usr/lib/faketime/libfaketimeMT.so.1",
-)
 
 
 class FaultUnavailable(RuntimeError):
@@ -309,31 +302,82 @@ class AgentProc:
 
 # ---- clock skew -----------------------------------------------------------------------
 
+# An LD_PRELOAD shim that moves CLOCK_REALTIME (clock_gettime, gettimeofday,
+# time) by a fixed offset and leaves every other clock alone: a node whose NTP
+# is wrong still has a true monotonic clock. It works below Python, so torch's
+# C++ FR timestamps and the agent's time.time() move together, as on a real
+# node. libfaketime would do, but its clock_nanosleep wrapper breaks Python's
+# time.sleep (EINVAL) when only the wall clock is faked.
+_SKEW_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sys/time.h>
+#include <time.h>
 
-def faketime_lib() -> str:
-    """Path of libfaketime (multi-threaded variant); FaultUnavailable when absent."""
-    for p in _FAKETIME_LIBS:
-        if os.path.exists(p):
-            return p
-    raise FaultUnavailable(
-        "libfaketime not found (install the `faketime` package: apt-get install faketime)"
-    )
+#ifndef OFFSET_NS
+#error "build with -DOFFSET_NS=<nanoseconds>"
+#endif
+
+typedef int (*clock_gettime_fn)(clockid_t, struct timespec *);
+static clock_gettime_fn real_clock_gettime;
+
+__attribute__((constructor)) static void skew_init(void) {
+  real_clock_gettime = (clock_gettime_fn)dlsym(RTLD_NEXT, "clock_gettime");
+}
+
+int clock_gettime(clockid_t clk, struct timespec *ts) {
+  if (!real_clock_gettime) skew_init();
+  int rc = real_clock_gettime(clk, ts);
+  if (rc == 0 && (clk == CLOCK_REALTIME || clk == CLOCK_REALTIME_COARSE)) {
+    long long ns = (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec + (long long)(OFFSET_NS);
+    ts->tv_sec = ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+  }
+  return rc;
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
+  (void)tz;
+  struct timespec ts;
+  int rc = clock_gettime(CLOCK_REALTIME, &ts);
+  if (rc == 0 && tv) {
+    tv->tv_sec = ts.tv_sec;
+    tv->tv_usec = ts.tv_nsec / 1000;
+  }
+  return rc;
+}
+
+time_t time(time_t *out) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (out) *out = ts.tv_sec;
+  return ts.tv_sec;
+}
+"""
 
 
-def faketime_env(offset_s: float) -> dict[str, str]:
-    """Environment that shifts a process's wall clock by `offset_s` seconds.
+def skewed_clock_env(offset_s: float, build_dir: Path) -> dict[str, str]:
+    """Environment that runs a process with its wall clock shifted by `offset_s`.
 
-    Only CLOCK_REALTIME moves: a node with a wrong NTP time still has a true
-    monotonic clock. libfaketime works below Python, so torch's C++ FR
-    timestamps and the agent's `time.time()` move together, as on a real node.
+    Compiles the shim into `build_dir` with the system C compiler (once per
+    offset); FaultUnavailable when there is none.
     """
-    return {
-        "LD_PRELOAD": faketime_lib(),
-        "FAKETIME": f"{offset_s:+.0f}",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        # Re-read FAKETIME never: the offset is fixed for the process's life.
-        "FAKETIME_NO_CACHE": "0",
-    }
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise FaultUnavailable("no C compiler (cc) to build the clock-skew shim")
+    offset_ns = round(offset_s * 1e9)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    lib = build_dir / f"skew_{offset_ns}.so"
+    if not lib.exists():
+        src = build_dir / "skew.c"
+        src.write_text(_SKEW_C)
+        r = subprocess.run(
+            [cc, "-shared", "-fPIC", "-O2", f"-DOFFSET_NS={offset_ns}LL", "-o", str(lib), str(src), "-ldl"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise FaultUnavailable(f"building the clock-skew shim failed: {r.stderr.strip()}")
+    return {"LD_PRELOAD": str(lib)}
 
 
 # ---- disks --------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""An agent SIGKILLed and restarted on a node whose wall clock is two hours behind.
+
+Two "nodes" on one host: node A (rank 0, its own run dir and agent) and node
+B (rank 1, its own run dir and agent). Everything on node B, the rank and its
+agent, runs with CLOCK_REALTIME shifted by SKEW_S, as on a
+machine whose NTP is broken; monotonic clocks are untouched, as they are on
+such a machine.
+
+Promises checked:
+- killing node B's agent does not slow training (median step time while it is
+  dead vs alive);
+- the coordinator marks node B's rank unobserved (not stalled, no incident)
+  after agent_lost_timeout, and node A's rank stays observed;
+- a restarted agent re-attaches to the running rank from its rank-info file;
+- with one node's clock two hours off, a hang is still detected and blamed
+  on the right rank, and no age the coordinator shows is negative or huge.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hangwatch.testing.chaos import AgentProc, CoordinatorProc, FaultUnavailable, skewed_clock_env
+from tests.hardening.trainjob import TrainJob, complement, median_in
+from tests.hardening.util import all_connected, finished_incidents, ranks_view, wait_for
+
+pytestmark = [pytest.mark.torch]
+
+JOB = "chaos-agent"
+SKEW_S = -7200.0
+LOST_S = 3.0
+STALL_S = 2.0
+MAX_RATIO = 1.5
+MAX_AGE_S = 120.0
+
+
+@pytest.mark.timeout(150)
+def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
+    try:
+        skew = skewed_clock_env(SKEW_S, tmp_path / "shim")
+    except FaultUnavailable as e:
+        pytest.skip(f"cannot skew a clock here: {e}")
+    coord = CoordinatorProc(
+        tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=LOST_S
+    )
+    coord.start()
+    runs = [tmp_path / "node-a", tmp_path / "node-b"]
+    agents = [
+        AgentProc(
+            coordinator=coord.grpc,
+            run_dir=runs[i],
+            job_id=JOB,
+            node_id=f"node-{'ab'[i]}",
+            log_path=tmp_path / f"agent-{'ab'[i]}.log",
+            extra_env=skew if i == 1 else None,
+        )
+        for i in range(2)
+    ]
+    for a in agents:
+        a.start()
+    job = TrainJob(tmp_path, world=2, run_dirs=runs, job_id=JOB, culprit=1, rank_env={1: skew})
+    try:
+        job.start()
+        wait_for(lambda: all_connected(coord, JOB, [0, 1]), 40, "both nodes registered")
+        t_begin = time.monotonic()
+        time.sleep(3.0)
+
+        t_kill = agents[1].kill()
+        view = wait_for(
+            lambda: (v := ranks_view(coord, JOB)) and not v[1]["observed"] and v, 15, "unobserved"
+        )
+        lost_after = time.monotonic() - t_kill
+        assert view[0]["observed"] and view[0]["connected"], view[0]
+        assert not view[1]["connected"], view[1]
+        time.sleep(1.0)
+        assert coord.api(f"/api/incidents?job={JOB}") == [], "a lost agent is not a hang"
+        job.check()
+
+        t_restart = time.monotonic()
+        agents[1].start()
+        wait_for(lambda: all_connected(coord, JOB, [0, 1]), 30, "node B re-attached")
+        reattach_s = time.monotonic() - t_restart
+        down = [(t_kill, time.monotonic())]
+        time.sleep(3.0)
+        up = complement(down, t_begin, time.monotonic())
+        ratios = {}
+        for r in (0, 1):
+            md, mu = median_in(job.steps(r), down), median_in(job.steps(r), up)
+            assert md is not None and mu is not None
+            ratios[r] = md / mu
+        print(f"unobserved after {lost_after:.2f}s, re-attached {reattach_s:.2f}s after restart")
+        print(f"median step time, agent dead / alive: {ratios}")
+        (tmp_path / "measured.json").write_text(
+            json.dumps({"lost_after_s": lost_after, "reattach_s": reattach_s, "ratios": ratios})
+        )
+        assert LOST_S <= lost_after < LOST_S + 5, lost_after
+        assert all(x < MAX_RATIO for x in ratios.values()), ratios
+
+        # Hang on the skewed node; watch the ages while the coordinator decides.
+        job.hang()
+        ages: list[float] = []
+
+        def check_ages() -> list[dict[str, object]]:
+            for row in ranks_view(coord, JOB).values():
+                for key in ("in_flight_age_s", "last_report_age_s"):
+                    if row.get(key) is not None:
+                        ages.append(float(row[key]))
+            return finished_incidents(coord, JOB)
+
+        [inc] = wait_for(check_ages, 40, "the incident", every=0.2)
+        assert ages and all(0.0 <= a < MAX_AGE_S for a in ages), (
+            sorted(ages)[:3] + sorted(ages)[-3:]
+        )
+        assert inc["verdict"] == "hang", inc["summary"]
+        assert inc["lagging_ranks"] == [1], inc["summary"]
+        assert sorted(inc["ranks_dumped"]) == [0, 1], inc
+        assert 0 < inc["detection_s"] < 30, inc["detection_s"]
+        for a in agents:
+            a.check()
+    finally:
+        job.close()
+        for a in agents:
+            a.stop()
+        coord.stop()
