@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.time()
         fleet.start()
         fleet.wait_ready(timeout=120)
+        fleet_samplers = [CpuSampler(p) for p in fleet.pids]
         out["register_s"] = round(time.time() - t0, 2)
         out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
         time.sleep(args.healthy_s)
@@ -179,6 +180,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "files_uploaded": st["files_uploaded"],
             "incident_cpu": sampler.window(created, updated),
             "fanout_cpu": sampler.window(created, st["last_done_at"] or updated),
+            "fanout_fleet_cores": round(
+                sum(
+                    f.window(created, st["last_done_at"] or updated)["cores"]
+                    for f in fleet_samplers
+                ),
+                3,
+            ),
             "fleet": {
                 k: st[k]
                 for k in (

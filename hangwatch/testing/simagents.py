@@ -817,35 +817,8 @@ class SimAgent:
     def bundle_files(self, rank: int, pos: RankPos) -> list[tuple[str, bytes, str]]:
         """(name, bytes, sha256 hex) of one rank's bundle."""
         fr = self.fleet.dump_with_digest(rank, pos)
-        topo = self.fleet.topo
-        meta = {
-            "schema": formats.RANKMETA,
-            "rank": rank,
-            "host": self.host,
-            "pid": self.pids[rank],
-            "process_state": "running",
-            "reachable": True,
-            "groups": [
-                {
-                    "name": topo.group_name(k, rank),
-                    "desc": DESC[k],
-                    "pg_id": PG_ID[k],
-                    "ranks": topo.group_members(k, rank),
-                }
-                for k in KINDS
-            ],
-            "sources": {
-                "fr": "worker-server",
-                "stacks": "py-spy",
-                "gpu": "none",
-                "process": "procfs",
-            },
-            "gpu": {"available": False, "reason": "simulated agent"},
-            "errors": {},
-        }
         files = [(f"{formats.FR_FILE_PREFIX}{rank}", *fr)]
-        meta_b = json.dumps(meta, indent=1).encode()
-        files.append((formats.META_FILE, meta_b, hashlib.sha256(meta_b).hexdigest()))
+        files.append((formats.META_FILE, *self.fleet.meta_with_digest(rank)))
         if self.spec.stacks:
             st = stacks_text(rank, pos, self.pids[rank]).encode()
             files.append((formats.STACKS_FILE, st, hashlib.sha256(st).hexdigest()))
@@ -949,6 +922,7 @@ class FleetState:
         self.agents = [SimAgent(self, n) for n in nodes]
         self.tasks: set[asyncio.Task[None]] = set()
         self._digests: dict[tuple[int, RankPos], str] = {}
+        self._metas: dict[int, tuple[bytes, str]] = {}
         self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-sha")
 
     def spawn(self, coro: Any) -> None:
@@ -967,13 +941,52 @@ class FleetState:
         digest = self._digests.pop((rank, pos), None)
         return data, digest or hashlib.sha256(data).hexdigest()
 
+    def meta_bytes(self, rank: int) -> bytes:
+        """meta.json as the real agent writes it (indent=1, every group's members)."""
+        topo = self.topo
+        node = rank // RANKS_PER_AGENT
+        meta = {
+            "schema": formats.RANKMETA,
+            "rank": rank,
+            "host": f"sim-host-{node:05d}",
+            "pid": 10_000 + rank,
+            "process_state": "running",
+            "reachable": True,
+            "groups": [
+                {
+                    "name": topo.group_name(k, rank),
+                    "desc": DESC[k],
+                    "pg_id": PG_ID[k],
+                    "ranks": topo.group_members(k, rank),
+                }
+                for k in KINDS
+            ],
+            "sources": {
+                "fr": "worker-server",
+                "stacks": "py-spy",
+                "gpu": "none",
+                "process": "procfs",
+            },
+            "gpu": {"available": False, "reason": "simulated agent"},
+            "errors": {},
+        }
+        return json.dumps(meta, indent=1).encode()
+
+    def meta_with_digest(self, rank: int) -> tuple[bytes, str]:
+        got = self._metas.pop(rank, None)
+        if got is not None:
+            return got
+        data = self.meta_bytes(rank)
+        return data, hashlib.sha256(data).hexdigest()
+
     def stall(self, lagging: int, hang_index: int) -> None:
         self.hang = Hang(
             lagging=lagging, hang_index=hang_index, blocked=sweep(self.topo, lagging, hang_index)
         )
         # On real nodes each agent hashes its own 8 dumps in parallel with the
-        # others; here the final (frozen) dumps are known now, so hash them
-        # ahead, off the event loop, and keep the fan-out's CPU for the wire.
+        # others; here the final (frozen) dumps are known now, so hash them and
+        # build meta.json ahead, during the stall timeout, and keep the
+        # fan-out's CPU for the wire.
         hang = self.hang
         mine = [r for a in self.agents for r in a.ranks]
         final = {r: rank_pos(r, 1 << 62, hang) for r in mine}
@@ -983,6 +996,8 @@ class FleetState:
         for r, pos in final.items():
             data = self.dumps.dump_bytes(r, pos)
             self._digests[(r, pos)] = hashlib.sha256(data).hexdigest()
+            meta = self.meta_bytes(r)
+            self._metas[r] = (meta, hashlib.sha256(meta).hexdigest())
 
     def stats(self) -> dict[str, Any]:
         return merge_stats([asdict(a.stats) for a in self.agents])
