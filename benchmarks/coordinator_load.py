@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
         if args.ingest_s > 0:
+            before = fleet.stats()["reports_sent"]
             probe = IngestProbe(
                 IngestSpec(
                     target=coord.grpc,
@@ -222,10 +223,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             res = probe.wait(timeout=120 + args.ingest_s)
             cpu = sampler.window(res["flood_start"], res["flood_end"])
+            # The stalled job's agents keep reporting at 1 Hz meanwhile: their
+            # reports (probe registration included, so an upper bound) share the CPU.
+            background = (fleet.stats()["reports_sent"] - before) * 8
             out["ingest_reports_per_s"] = round(res["rank_reports_per_s"])
             out["ingest"] = {
                 **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()},
                 "coordinator_cores": round(cpu["cores"], 3),
+                "background_rank_reports": background,
                 "coordinator_cpu_us_per_rank_report": round(
                     cpu["cpu_s"] / max(1, res["rank_reports"]) * 1e6, 1
                 ),
