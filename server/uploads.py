@@ -9,6 +9,7 @@ a replay of a finished file is acknowledged as a duplicate without rewriting.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -161,7 +162,12 @@ class FileUpload:
             os.close(dir_fd)
 
     def abort(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        self.part.unlink(missing_ok=True)
+        """Never raises: it runs in the handler's cleanup, where an error (the
+        buffered tail of a .part failing to flush on a full disk) would skip
+        releasing the file's claim and make every retry of it ABORTED."""
+        fh, self._fh = self._fh, None
+        with contextlib.suppress(OSError):
+            if fh is not None:
+                fh.close()
+        with contextlib.suppress(OSError):
+            self.part.unlink(missing_ok=True)
