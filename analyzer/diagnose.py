@@ -56,6 +56,8 @@ from hangwatch.analyzer.text import plural, rank_list
 # Evidence and wait edges are per rank; at 4,096 ranks keep the report readable.
 MAX_EVIDENCE_RANKS = 64
 MAX_WAIT_EDGES = 512
+# Process states in which a rank with no dump is known dead, not just unseen.
+_DEAD_STATES = frozenset({"stopped", "tracing-stop", "frozen", "zombie", "gone", "dead"})
 
 
 @dataclass(kw_only=True)
@@ -119,6 +121,16 @@ class _Diagnosis:
             universe &= loaded.selected_ranks
         self.universe = universe
         self.missing = sorted(universe - self.dumped)
+        # Ranks with no dump that nobody could observe (the coordinator wrote
+        # their meta: agent unreachable), as opposed to ones known to be
+        # stopped or gone. They carry no evidence either way.
+        self.unobserved = {
+            r
+            for r in self.missing
+            if (m := loaded.rank_meta.get(r)) is not None
+            and not m.get("reachable", True)
+            and str(m.get("process_state") or "unknown") not in _DEAD_STATES
+        }
         self.findings: list[Finding] = []
         # (peer that has not posted, waiter, group, p2p seq, waiter's op name)
         self.unmatched: list[tuple[int, int, str, int, str]] = []
@@ -160,8 +172,10 @@ class _Diagnosis:
             known = e.reindex(sorted(members - waiters))
             behind = {int(r) for r, v in known.items() if not np.isnan(v) and v < s}
             missing = {r for r in members if r not in self.dumped and r in self.universe}
-            # Ranks outside --selected-ranks are unknown, not missing.
-            targets = behind | missing
+            # Ranks outside --selected-ranks are unknown, not missing. An
+            # unobserved rank is blamed only when no observed member explains
+            # the wait: never beside a rank the dumps show never entered.
+            targets = behind | (missing - self.unobserved if behind else missing)
             info = first_entry.get((g, s), {})
             waits.append(
                 Wait(

@@ -364,3 +364,32 @@ def test_cross_group_deadlock_blames_the_rank_that_took_the_odd_order(tmp_path: 
     f = next(f for f in rep.findings if f.kind == "cross-group-deadlock")
     assert f.ranks == [0, 1, 2, 3]
     assert rep.summary.startswith("Cross-group deadlock: rank 1 entered groups")
+
+
+def test_unobserved_rank_is_not_blamed_beside_a_rank_that_never_entered(tmp_path: Path) -> None:
+    # Rank 1 provably never entered (its dump says so); rank 2's agent was
+    # unreachable, so nothing is known of it. Rank 1 explains the wait alone.
+    job = SimJob(3, backend="gloo")
+    job.all("0")
+    job.all("0", ranks=[0], done=False)
+    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
+    for r in (0, 1):
+        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
+        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
+    write_meta(tmp_path, 2, reachable=False, process_state="unknown", groups=groups)
+    rep = analyze_path(tmp_path)
+    assert rep.verdict == "hang" and rep.lagging_ranks == [1]
+    assert rep.ranks_missing == [2]
+
+
+def test_unobserved_rank_is_blamed_when_nothing_else_explains_the_wait(tmp_path: Path) -> None:
+    job = SimJob(3, backend="gloo")
+    job.all("0")
+    job.all("0", ranks=[0, 1], done=False)
+    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
+    for r in (0, 1):
+        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
+        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
+    write_meta(tmp_path, 2, reachable=False, process_state="unknown", groups=groups)
+    rep = analyze_path(tmp_path)
+    assert rep.verdict == "hang" and rep.lagging_ranks == [2]
