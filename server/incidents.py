@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # whose own process refused a dump (frozen, gone): the former are unobserved,
 # not guilty, unless other ranks' FR blames them.
 AGENT_UNREACHABLE = "agent unreachable"
+# How many of a job's latest stored incidents are read to dedupe a stall
+# seen again after a restart.
+STORED_DEDUPE_LOOKBACK = 20
 NO_ANSWER = "no answer before deadline"
 RESTARTED = "coordinator restarted before this rank's dump arrived"
 _UNOBSERVED_PREFIXES = (AGENT_UNREACHABLE, NO_ANSWER, RESTARTED)
@@ -240,6 +243,12 @@ class IncidentManager:
         fresh = [s for s in stalls if self.registry.handled_by(job_id, (s.group, s.seq)) is None]
         if not fresh:
             return
+        # The in-memory dedupe is lost when the coordinator restarts in the
+        # middle of a hang; the incidents on disk still say what they covered.
+        prior = self._stored_incident_for(job_id, [(s.group, s.seq) for s in fresh])
+        if prior is not None:
+            self.registry.mark_handled(job_id, keys, prior)
+            return
         # The earliest stalled collective explains the rest (a subgroup hang
         # blocks the default group behind it).
         first = min(fresh, key=lambda s: (-s.stalled_for_s, s.seq, s.group))
@@ -277,6 +286,38 @@ class IncidentManager:
             ],
         }
         self._open(job_id, trigger, reason, onset, keys, info)
+
+    def _stored_incident_for(self, job_id: str, keys: list[tuple[str, int]]) -> str | None:
+        """A stored incident of this job that already covers one of these
+        stalled (group, seq) pairs, if any (only recent incidents are read)."""
+        wanted = set(keys)
+        for row in self.store.list_incidents(job_id=job_id, limit=STORED_DEDUPE_LOOKBACK):
+            path = self.store.incident_dir(row.id) / formats.INCIDENT_FILE
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                stalled = (doc.get("trigger") or {}).get("stalled") or []
+                covered = {(str(x["group"]), int(x["seq"])) for x in stalled}
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue
+            if covered & wanted and self._same_processes(job_id, row.id):
+                return row.id
+        return None
+
+    def _same_processes(self, job_id: str, incident_id: str) -> bool:
+        """Whether the stored incident was taken from the ranks running now: a
+        job restarted under the same id reaches the same seqs again, and that
+        is a new hang, not the old one."""
+        bundle = self.store.incident_dir(incident_id)
+        for meta_path in sorted(bundle.glob(f"rank_*/{formats.META_FILE}"))[:8]:
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                rank, pid = int(meta["rank"]), meta.get("pid")
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            live = self.registry.rank_meta(job_id, rank)
+            if pid is not None and live is not None and live.get("pid") is not None:
+                return bool(live["pid"] == pid)
+        return False
 
     # ---- opening -------------------------------------------------------------------
 
