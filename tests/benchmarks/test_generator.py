@@ -125,18 +125,20 @@ def test_frtrace_names_the_lagging_rank(dumps: tuple[Path, Any]) -> None:
     assert not parsed["aborted"]
 
 
-@pytest.mark.torch
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_benchmark_script_end_to_end(tmp_path: Path) -> None:
+    # fr_trace is covered above; skipping it here saves a second torch import.
     script = BENCH / "analyzer_vs_frtrace.py"
     cmd = [sys.executable, str(script), "--ranks", str(RANKS), "--entries", "30"]
-    cmd += ["--tp", str(TP), "--seed", "5", "--keep", str(tmp_path / "d")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=80)
+    cmd += ["--tp", str(TP), "--seed", "5", "--keep", str(tmp_path / "d"), "--skip-frtrace"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)
-    assert res["agree"] is True, res.get("disagreement")
+    assert res["hangwatch_correct"] is True, res.get("disagreement")
     assert res["hangwatch_lagging"] == [res["lagging_truth"]]
-    for key in ("pickle", "hangwatch", "frtrace"):
+    assert res["frtrace"] == "skipped" and res["agree"] is None
+    for key in ("pickle", "hangwatch"):
         assert res[key]["wall_s_median"] > 0
+        assert res[key]["cpu_s_median"] > 0
         assert res[key]["peak_rss_mib_median"] > 0
-    assert res["frtrace_over_hangwatch"] > 0 and res["hangwatch_over_pickle"] > 0
+    assert res["hangwatch_over_pickle"] > 0
