@@ -1,7 +1,9 @@
 """`hangwatch` console script: one entry point, one subcommand per module.
 
 Each command module exposes `add_parser(subparsers)`, which registers its
-parser and sets `func` to a `run(ns) -> int`.
+parser and sets `func` to a `run(ns) -> int`. Only the module of the command
+being run is imported: `hangwatch analyze` on a laptop should not pay for
+gRPC, the web stack or the demo's imports.
 """
 
 from __future__ import annotations
@@ -13,30 +15,35 @@ from collections.abc import Sequence
 
 from hangwatch import __version__
 
-COMMAND_MODULES = (
-    "hangwatch.analyzer.cli",  # analyze
-    "hangwatch.server.cli",  # server
-    "hangwatch.agent.cli",  # agent
-    "hangwatch.runner",  # run
-    "hangwatch.demo",  # demo
-)
+COMMANDS = {
+    "analyze": "hangwatch.analyzer.cli",
+    "server": "hangwatch.server.cli",
+    "agent": "hangwatch.agent.cli",
+    "run": "hangwatch.runner",
+    "demo": "hangwatch.demo",
+}
+COMMAND_MODULES = tuple(COMMANDS.values())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or one with just the `only` command registered."""
     parser = argparse.ArgumentParser(
         prog="hangwatch",
         description="Find the rank and the collective a distributed PyTorch job is stuck on.",
     )
     parser.add_argument("--version", action="version", version=f"hangwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in args if not a.startswith("-")), None)
+    parser = build_parser(first if first in COMMANDS else None)
+    ns = parser.parse_args(args)
     if not getattr(ns, "func", None):
         parser.print_help()
         return 2
