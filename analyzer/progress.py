@@ -44,28 +44,61 @@ def done_mask(entries: pd.DataFrame) -> np.ndarray:
     return np.asarray(entries["retired"].to_numpy() | (entries["state"] == "completed").to_numpy())
 
 
+def _group_codes(E: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Integer group codes per row and the group name of each code.
+
+    Grouping by (rank, categorical group) breaks once the categorical's codes
+    widen past int8 (about 127 group names: pandas then mixes int8 and int16
+    codes across partial results), so aggregation keys are plain integers.
+    """
+    g = E["group"]
+    cat = g.array if isinstance(g.dtype, pd.CategoricalDtype) else pd.Categorical(g.astype(str))
+    codes = np.asarray(cat.codes, dtype=np.int64)
+    names = np.asarray([str(c) for c in cat.categories], dtype=object)
+    return codes, names
+
+
 def compute_progress(loaded: LoadedDumps, entries: pd.DataFrame) -> Progress:
     E = entries
     done = done_mask(E)
     keys = ["rank", "group"]
     p2p = E["is_p2p"].to_numpy()
-    mixed = set(map(str, E.loc[p2p, "group"].unique())) if p2p.any() else set()
-    coll_max_s = E.groupby("group", observed=True)["collective_seq_id"].max()
-    coll_max = {str(k): int(v) for k, v in coll_max_s.items()}
+    gcode, gnames = _group_codes(E)
+    n_groups = max(len(gnames), 1)
+    mixed = {str(gnames[c]) for c in np.unique(gcode[p2p])} if p2p.any() else set()
+    cseq = E["collective_seq_id"].to_numpy()
+    coll_max: dict[str, int] = {}
+    if len(E):
+        hi = np.full(n_groups, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(hi, gcode, cseq)
+        coll_max = {str(gnames[c]): int(hi[c]) for c in np.unique(gcode)}
 
-    def agg(mask: np.ndarray, col: str, how: str, name: str) -> pd.Series:
-        sub = E.loc[mask, [*keys, col]]
-        s = sub.groupby(keys, observed=True)[col].agg(how)
-        s.name = name
-        return s.astype(np.float64)
-
-    parts = [
-        agg(np.ones(len(E), dtype=bool), "collective_seq_id", "max", "ent_coll_hi"),
-        agg(~p2p & done, "collective_seq_id", "max", "ent_coll_done"),
-        agg(~p2p & ~done, "collective_seq_id", "min", "ent_coll_open"),
-        agg(p2p, "p2p_seq_id", "max", "ent_p2p_hi"),
-        agg(p2p & done, "p2p_seq_id", "max", "ent_p2p_done"),
-    ]
+    # One integer key per (rank, group) and one group-by for all five
+    # aggregates; rows outside an aggregate's mask are NaN, which max/min skip.
+    key = E["rank"].to_numpy().astype(np.int64) * n_groups + gcode
+    cs = cseq.astype(np.float64)
+    ps = E["p2p_seq_id"].to_numpy().astype(np.float64)
+    nan = np.float64(np.nan)
+    A = pd.DataFrame(
+        {
+            "ent_coll_hi": cs,
+            "ent_coll_done": np.where(~p2p & done, cs, nan),
+            "ent_coll_open": np.where(~p2p & ~done, cs, nan),
+            "ent_p2p_hi": np.where(p2p, ps, nan),
+            "ent_p2p_done": np.where(p2p & done, ps, nan),
+        }
+    )
+    T = A.groupby(key, sort=True).agg(
+        {
+            "ent_coll_hi": "max",
+            "ent_coll_done": "max",
+            "ent_coll_open": "min",
+            "ent_p2p_hi": "max",
+            "ent_p2p_done": "max",
+        }
+    )
+    k = T.index.to_numpy().astype(np.int64)
+    T.index = pd.MultiIndex.from_arrays([k // n_groups, gnames[k % n_groups]], names=keys)
     S = loaded.pg_status_frame()
     if len(S):
         S["group"] = S["group"].astype(str)
@@ -75,9 +108,6 @@ def compute_progress(loaded: LoadedDumps, entries: pd.DataFrame) -> Progress:
             {"last_enqueued": [], "last_completed": []},
             index=pd.MultiIndex.from_tuples([], names=keys),
         )
-    T = pd.concat(parts, axis=1)
-    if len(T):
-        T.index = T.index.set_levels(T.index.levels[1].astype(str), level=1)
     T = T.join(S, how="outer") if len(T) or len(S) else T.reindex(columns=[*T.columns, *S.columns])
     for c in (
         "ent_coll_hi",
