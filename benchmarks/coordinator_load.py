@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dump-deadline",
         type=float,
-        default=120.0,
-        help="long, so the run measures collection rather than the deadline",
+        default=None,
+        help="default max(120, 0.05 s per rank): long, so the run measures collection, not the deadline",
     )
     p.add_argument("--agent-lost-timeout", type=float, default=30.0)
     p.add_argument("--procs", type=int, default=2, help="processes the simulated agents run in")
@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="py-spy raw (collapsed) profile of the incident window")
     p.add_argument("--py-spy", default="py-spy")
     args = p.parse_args(argv)
+    if args.dump_deadline is None:
+        args.dump_deadline = max(120.0, 0.05 * args.ranks)
     out = run(args)
     if args.json:
         print(json.dumps(out, indent=2))
