@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,9 +71,12 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         time.sleep(3.0)
 
         t_kill = agents[1].kill()
-        view = wait_for(
-            lambda: (v := ranks_view(coord, JOB)) and not v[1]["observed"] and v, 15, "unobserved"
-        )
+
+        def unobserved() -> dict[int, dict[str, Any]] | None:
+            v = ranks_view(coord, JOB)
+            return v if not v[1]["observed"] else None
+
+        view = wait_for(unobserved, 15, "rank 1 unobserved")
         lost_after = time.monotonic() - t_kill
         assert view[0]["observed"] and view[0]["connected"], view[0]
         assert not view[1]["connected"], view[1]
@@ -104,7 +108,7 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         job.hang()
         ages: list[float] = []
 
-        def check_ages() -> list[dict[str, object]]:
+        def check_ages() -> list[dict[str, Any]]:
             for row in ranks_view(coord, JOB).values():
                 for key in ("in_flight_age_s", "last_report_age_s"):
                     if row.get(key) is not None:

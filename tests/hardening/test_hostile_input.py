@@ -87,7 +87,7 @@ class Env:
         self.outside_before = self.outside_files()
 
     def outside_files(self) -> set[str]:
-        out = set()
+        out: set[str] = set()
         for dirpath, _dirs, files in os.walk(self.root):
             if Path(dirpath).is_relative_to(self.data):
                 continue
@@ -328,7 +328,7 @@ def test_report_event_never_breaks(hostile: Env, data: st.DataObject) -> None:
         job_id=data.draw(idents(JOB)),
         agent_id=data.draw(idents(AGENT)),
         session_id=data.draw(st.one_of(st.just(hostile.session), st.text(max_size=40))),
-        kind=data.draw(ENUM),
+        kind=data.draw(ENUM),  # type: ignore[arg-type]  # unknown enum values on purpose
         rank=data.draw(st.one_of(SMALL, INT32)),
         detail=data.draw(st.text(max_size=300)),
         age_s=data.draw(FLOATS),

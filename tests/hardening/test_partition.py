@@ -88,11 +88,6 @@ def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
         wait_for(lambda: ranks_view(coord, JOB)[2]["observed"], 20, "node B back after healing")
         print(f"node B observed again {time.monotonic() - t_heal:.2f}s after healing")
 
-        if inc["lagging_ranks"] == [1, 2]:
-            # Known bug (analyzer/diagnose.py): a rank with no dump is always a
-            # root of the waits-for graph, so an unobserved rank is blamed even
-            # when a dumped rank (1, which never entered) explains every wait.
-            pytest.xfail(f"unobserved rank 2 blamed beside the real culprit: {inc['summary']}")
         assert inc["lagging_ranks"] == [1], inc["summary"]
         assert "not blamed" in inc["summary"], inc["summary"]
     finally:
