@@ -34,6 +34,7 @@ from hangwatch.analyzer.parse import (
     INT_COLUMNS,
     MAX_ENTRIES_PER_FILE,
     STR_COLUMNS,
+    Coded,
     DumpFormatError,
     ParsedDump,
     decode_dump,
@@ -41,7 +42,6 @@ from hangwatch.analyzer.parse import (
     sniff_and_decode,
 )
 from hangwatch.analyzer.report import FileError
-from pandas.api.types import union_categoricals
 
 from hangwatch import formats
 
@@ -309,6 +309,12 @@ def _read_all(
 
 
 def _concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
+    """One frame for all ranks; string columns become one Categorical each.
+
+    Each file's distinct strings are merged into one table per column (a few
+    dozen per file), so the per-row work is one integer take per column.
+    Categories keep the order union_categoricals gave per-file sorted ones.
+    """
     parts = [(r, p) for r, p in parts if p.n_entries]
     data: dict[str, Any] = {}
     if not parts:
@@ -318,12 +324,20 @@ def _concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
         empty.update({k: np.array([], dtype=np.float64) for k in FLOAT_COLUMNS})
         empty["rank"] = np.array([], dtype=np.int64)
         return pd.DataFrame(empty)[["rank", *ENTRY_COLUMNS]]
+    data["rank"] = np.concatenate([np.full(p.n_entries, r, dtype=np.int64) for r, p in parts])
     for k in INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS:
         data[k] = np.concatenate([p.columns[k] for _, p in parts])
     for k in STR_COLUMNS:
-        data[k] = union_categoricals([p.columns[k] for _, p in parts])
-    data["rank"] = np.concatenate([np.full(p.n_entries, r, dtype=np.int64) for r, p in parts])
-    return pd.DataFrame(data)[["rank", *ENTRY_COLUMNS]]
+        table: dict[str, int] = {}
+        coded = []
+        for _, p in parts:
+            c: Coded = p.columns[k]
+            for s in sorted(c.cats):
+                table.setdefault(s, len(table))
+            remap = np.array([table[s] for s in c.cats], dtype=np.int32)
+            coded.append(remap[c.codes])
+        data[k] = pd.Categorical.from_codes(np.concatenate(coded), categories=pd.Index(list(table)))
+    return pd.DataFrame(data, copy=False)[["rank", *ENTRY_COLUMNS]]
 
 
 def _read_json_file(p: Path, limit: int) -> Any:
@@ -574,9 +588,9 @@ def load_dumps(
         all_names.update(p.pg_config)
         if p.n_entries:
             pids = p.columns["pg_id"]
-            grp = np.asarray(p.columns["group"])
+            grp: Coded = p.columns["group"]
             _, first = np.unique(pids, return_index=True)
-            entry_maps[r] = {int(pids[i]): str(grp[i]) for i in first}
+            entry_maps[r] = {int(pids[i]): grp.cats[grp.codes[i]] for i in first}
             all_names.update(entry_maps[r].values())
     for meta in rank_meta.values():
         all_names.update(

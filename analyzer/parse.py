@@ -10,14 +10,17 @@ diagnosis works on one shape only.
 
 from __future__ import annotations
 
+import itertools
 import json
+import marshal
 import math
+import operator
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from hangwatch.analyzer.safepickle import UnsafePickleError, safe_loads
 
 MAX_ENTRIES_PER_FILE = 5_000_000
@@ -65,9 +68,31 @@ _P2P_RE = re.compile(r"^(send|recv)\s+(-?\d+)\s*(->|<-)\s*(-?\d+)$")
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class Coded:
+    """A string column of one file: codes into distinct strings.
+
+    Workers ship these (a small int array and a short list) instead of a
+    pandas Categorical per column per file; the loader merges the distinct
+    strings once for all files.
+    """
+
+    codes: np.ndarray  # int32, one per entry
+    cats: list[str]  # distinct values, in order of first appearance
+    reps: np.ndarray  # row of each value's first appearance
+
+    def strings(self) -> list[str]:
+        return [self.cats[c] for c in self.codes.tolist()]
+
+    def compose(self, inner: Coded) -> Coded:
+        """This encodes one value per distinct value of `inner`; re-index it per row."""
+        codes = self.codes[inner.codes] if len(inner.codes) else inner.codes
+        return Coded(codes=codes, cats=self.cats, reps=inner.reps[self.reps])
+
+
 @dataclass(kw_only=True)
 class ParsedDump:
-    """One file, normalized. Columns are numpy arrays or pandas Categoricals."""
+    """One file, normalized. Columns are numpy arrays, string columns `Coded`."""
 
     version: str
     comm_lib_version: str
@@ -169,13 +194,6 @@ def _dtypes_str(v: Any) -> str:
     return str(v)
 
 
-def _dtypes_col(values: list[Any]) -> list[str]:
-    try:
-        return [",".join(v) for v in values]  # the common case: lists of dtype names
-    except TypeError:
-        return [_dtypes_str(v) for v in values]
-
-
 def split_profiling_name(name: str) -> tuple[str, str, int, int]:
     """'nccl:send 0->1' -> ('nccl', 'send', src 0, dst 1). Peers are group-local."""
     backend, _, rest = name.partition(":") if ":" in name else ("", "", name)
@@ -259,8 +277,212 @@ def _frames(v: Any) -> tuple[tuple[str, str, int], ...]:
     return tuple(out)
 
 
+# The keys every FR 2.x entry of torch >= 2.4 carries. When all are present
+# one itemgetter per entry reads them all; older dumps take the .get path.
+_FAST_KEYS = (
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "time_created_ns",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
+    "state",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "timeout_ms",
+    "is_p2p",
+    "thread_name",
+    "thread_id",
+)
+_FAST_GET = operator.itemgetter(*_FAST_KEYS)
+
+
+def _raw_columns(entries: list[dict[str, Any]]) -> dict[str, Sequence[Any]]:
+    """Per-key value sequences, reading each entry once when it has every key."""
+    if entries:
+        try:
+            return dict(zip(_FAST_KEYS, zip(*map(_FAST_GET, entries), strict=True), strict=True))
+        except KeyError:
+            pass
+    out: dict[str, Sequence[Any]] = {}
+    for k in _FAST_KEYS:
+        out[k] = [e.get(k) for e in entries]
+    if any(v is None for v in out["collective_seq_id"]):  # v1.x called it seq_id
+        out["collective_seq_id"] = [e.get("collective_seq_id", e.get("seq_id")) for e in entries]
+    for k, default in (("p2p_seq_id", 0), ("retired", False), ("state", "scheduled")):
+        out[k] = [e.get(k, default) for e in entries]
+    return out
+
+
+def _intern(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
+    """Codes (order of first appearance) and the distinct values; values must be hashable."""
+    idx = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    codes = np.fromiter(map(idx.__getitem__, values), dtype=np.int32, count=len(values))
+    return codes, list(idx)
+
+
+def _first_of_each(codes: np.ndarray) -> np.ndarray:
+    """Row of each code's first appearance, for codes numbered in that order."""
+    if not len(codes):
+        return np.zeros(0, dtype=np.int64)
+    hi = np.maximum.accumulate(codes)
+    new = np.ones(len(codes), dtype=bool)
+    new[1:] = hi[1:] > hi[:-1]
+    return np.flatnonzero(new)
+
+
+def _coded(
+    values: Sequence[Any],
+    norm: Callable[[Any], str],
+    *,
+    types: frozenset[type],
+    keys: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
+    exact: Callable[[Any], bool] | None = None,
+) -> Coded:
+    """Encode norm(v) for every value as (codes, distinct strings, first row of each).
+
+    When every value's type is in `types`, values are grouped by a hashable
+    key per value (`keys(values)`, built by C-level calls; None: the value
+    itself) and `norm` runs once per distinct key. That is exact only where
+    equal keys mean equal values of the same type: marshal bytes do (they
+    decode back to the value, types included); for plain hashing, `exact`
+    confirms it on each distinct value (str never equals a non-str, nor do
+    tuples of str/None). Otherwise every value is normalized on its own.
+    """
+    if set(map(type, values)) <= types:
+        try:
+            raw_codes, _ = _intern(values if keys is None else keys(values))
+        except (TypeError, ValueError):  # unhashable, or too deep to marshal
+            raw_codes = None
+        if raw_codes is not None:
+            first = _first_of_each(raw_codes)
+            if exact is None or all(exact(values[i]) for i in first):
+                seen: dict[str, int] = {}
+                remap = np.fromiter(
+                    (seen.setdefault(norm(values[i]), len(seen)) for i in first),
+                    dtype=np.int32,
+                    count=len(first),
+                )
+                codes = remap[raw_codes] if len(raw_codes) else raw_codes
+                return Coded(codes=codes, cats=list(seen), reps=first[_first_of_each(remap)])
+    strs = [norm(v) for v in values]
+    codes, cats = _intern(strs)
+    return Coded(codes=codes, cats=cats, reps=_first_of_each(codes))
+
+
+def _marshal_keys(values: Sequence[Any]) -> list[bytes]:
+    # Format 2 writes no back-references, so equal values give equal bytes.
+    return list(map(marshal.dumps, values, itertools.repeat(2)))
+
+
+def _tuple_keys(values: Sequence[Any]) -> list[tuple[Any, ...]]:
+    return list(map(tuple, values))
+
+
+def _str_or(default: str) -> Callable[[Any], str]:
+    def norm(v: Any) -> str:
+        return str(v) if v is not None else default
+
+    return norm
+
+
+def _only_str_or_none(v: Any) -> bool:
+    return all(x is None or type(x) is str for x in v)
+
+
+def _only_str(v: Any) -> bool:
+    return all(type(x) is str for x in v)
+
+
+def _dtypes_norm(v: Any) -> str:
+    if isinstance(v, list | tuple) and all(type(x) is str for x in v):
+        return ",".join(v)
+    return _dtypes_str(v)
+
+
+def _fast_int_column(values: Sequence[Any], default: int, what: str) -> np.ndarray:
+    try:
+        a = np.array(values)
+    except (ValueError, TypeError, OverflowError):
+        a = None
+    if a is not None and a.ndim == 1 and a.dtype.kind == "i" and len(a):
+        return a.astype(np.int64, copy=False)
+    if a is not None and a.dtype == object and set(map(type, values)) == {int, type(None)}:
+        # pickle's None timestamps among ints
+        a[a == None] = default  # noqa: E711 (elementwise comparison)
+        try:
+            return a.astype(np.int64)
+        except OverflowError:
+            raise DumpFormatError(f"{what} does not fit in 64 bits") from None
+    return _int_column(list(values), default, what)
+
+
+def _float_or_nan(v: Any) -> float:
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        try:
+            return float(v)
+        except OverflowError:
+            return math.nan
+    return math.nan
+
+
+def _durations(entries: list[dict[str, Any]]) -> np.ndarray:
+    vals = [e.get("duration_ms") for e in entries]
+    if set(map(type, vals)) <= {float, int, type(None)}:
+        try:
+            return np.array(vals, dtype=np.float64)
+        except OverflowError:
+            pass
+    return np.array([_float_or_nan(v) for v in vals], dtype=np.float64)
+
+
+def _groups(pgs: Sequence[Any], pg_ids: Sequence[Any]) -> tuple[Coded, Coded]:
+    """Group name and desc per entry from process_group = (name, desc)."""
+    types = set(map(type, pgs))
+    keys: Sequence[Any] | None = None
+    if types == {tuple}:
+        keys = pgs
+    elif types == {list}:
+        keys = list(map(tuple, pgs))
+    if keys is not None:
+        pg = _coded(keys, repr, types=frozenset({tuple}), exact=_only_str_or_none)
+        if all(len(k) >= 1 for k in (keys[i] for i in pg.reps)):
+            g = _coded([keys[i] for i in pg.reps], lambda k: str(k[0]), types=frozenset({tuple}))
+            d = _coded(
+                [keys[i] for i in pg.reps],
+                lambda k: str(k[1]) if len(k) > 1 and k[1] is not None else "",
+                types=frozenset({tuple}),
+            )
+            return g.compose(pg), d.compose(pg)
+    groups: list[str] = []
+    descs: list[str] = []
+    for i, p in enumerate(pgs):
+        if isinstance(p, list | tuple) and len(p) >= 1:
+            groups.append(str(p[0]))
+            descs.append(str(p[1]) if len(p) > 1 and p[1] is not None else "")
+        elif p is None and pg_ids[i] is not None:
+            groups.append(str(_as_int(pg_ids[i], f"entry {i} pg_id")))
+            descs.append("")
+        else:
+            raise DumpFormatError(f"entry {i} has no usable process_group")
+    return _coded(groups, str, types=frozenset({str})), _coded(descs, str, types=frozenset({str}))
+
+
 def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedDump:
-    """Validate a decoded dump object and build its columns."""
+    """Validate a decoded dump object and build its columns.
+
+    Work per entry is done by C-level calls (one itemgetter, zip, map, numpy)
+    wherever the values have the shapes torch writes; Python-level
+    normalization then runs once per *distinct* value (a few dozen per file),
+    and odd shapes fall back to per-value normalization with the same result.
+    """
     if not isinstance(raw, dict):
         raise DumpFormatError(f"top level is {type(raw).__name__}, expected a mapping")
     if "version" not in raw:
@@ -276,123 +498,101 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
         raise DumpFormatError(f"'entries' has type {type(entries).__name__}, expected a list")
     if len(entries) > max_entries:
         raise DumpFormatError(f"{len(entries)} entries exceeds the limit of {max_entries}")
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise DumpFormatError(f"entry {i} has type {type(e).__name__}, expected a mapping")
+    if not set(map(type, entries)) <= {dict}:
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise DumpFormatError(f"entry {i} has type {type(e).__name__}, expected a mapping")
     n = len(entries)
+    raw_cols = _raw_columns(entries)
+    col = raw_cols.__getitem__
 
-    def col(key: str, default: Any = None) -> list[Any]:
-        return [e.get(key, default) for e in entries]
+    group, group_desc = _groups(col("process_group"), col("pg_id"))
 
-    # Group identity: process_group = (name, desc); very old dumps only carry pg_id.
-    pgs = col("process_group")
-    groups: list[str] = []
-    descs: list[str] = []
-    pg_ids_raw = col("pg_id")
-    for i, pg in enumerate(pgs):
-        if isinstance(pg, list | tuple) and len(pg) >= 1:
-            groups.append(str(pg[0]))
-            descs.append(str(pg[1]) if len(pg) > 1 and pg[1] is not None else "")
-        elif pg is None and pg_ids_raw[i] is not None:
-            groups.append(str(_as_int(pg_ids_raw[i], f"entry {i} pg_id")))
-            descs.append("")
-        else:
-            raise DumpFormatError(f"entry {i} has no usable process_group")
-
-    names = col("profiling_name", "")
-    split_cache: dict[str, tuple[str, str, int, int]] = {}
-    ops: list[str] = []
-    src: list[int] = []
-    dst: list[int] = []
+    names = col("profiling_name")
+    if not set(map(type, names)) <= {str}:
+        for i, nm in enumerate(names):
+            if not isinstance(nm, str):
+                raise DumpFormatError(f"entry {i} profiling_name is not a string")
+    name_c = _coded(names, str, types=frozenset({str}))
+    splits = [split_profiling_name(nm) for nm in name_c.cats]
+    op_c = _coded([sp[1] for sp in splits], str, types=frozenset({str})).compose(name_c)
+    src = np.array([sp[2] for sp in splits], dtype=np.int64)[name_c.codes]
+    dst = np.array([sp[3] for sp in splits], dtype=np.int64)[name_c.codes]
+    per_name = np.bincount(name_c.codes, minlength=len(splits)) if n else np.zeros(0, np.int64)
     backends: dict[str, int] = {}
-    for i, nm in enumerate(names):
-        if not isinstance(nm, str):
-            raise DumpFormatError(f"entry {i} profiling_name is not a string")
-        sp = split_cache.get(nm)
-        if sp is None:
-            sp = split_cache[nm] = split_profiling_name(nm)
-        ops.append(sp[1])
-        src.append(sp[2])
-        dst.append(sp[3])
-        backends[sp[0]] = backends.get(sp[0], 0) + 1
+    for sp, cnt in zip(splits, per_name, strict=True):
+        backends[sp[0]] = backends.get(sp[0], 0) + int(cnt)
     backend = max(backends, key=lambda k: backends[k]) if backends else ""
 
-    coll_seq = [
-        e.get("collective_seq_id", e.get("seq_id")) for e in entries
-    ]  # v1.x called it seq_id
-    if any(v is None for v in coll_seq):
+    coll_seq = col("collective_seq_id")
+    if None in coll_seq:
         raise DumpFormatError("an entry has no collective_seq_id")
 
     is_p2p_raw = col("is_p2p")
-    is_p2p = np.array(
-        [
-            bool(v) if v is not None else (op in P2P_OPS)
-            for v, op in zip(is_p2p_raw, ops, strict=True)
-        ],
-        dtype=bool,
-    )
-    retired = np.array([bool(v) for v in col("retired", False)], dtype=bool)
+    if set(map(type, is_p2p_raw)) <= {bool}:
+        is_p2p = np.array(is_p2p_raw, dtype=bool)
+    else:
+        ops = op_c.strings()
+        is_p2p = np.array(
+            [
+                bool(v) if v is not None else (op in P2P_OPS)
+                for v, op in zip(is_p2p_raw, ops, strict=True)
+            ],
+            dtype=bool,
+        )
+    retired_raw = col("retired")
+    if set(map(type, retired_raw)) <= {bool}:
+        retired = np.array(retired_raw, dtype=bool)
+    else:
+        retired = np.array([bool(v) for v in retired_raw], dtype=bool)
 
-    in_sizes_raw = col("input_sizes")
-    out_sizes_raw = col("output_sizes")
-    numel_cache: dict[str, int] = {}
+    # Sizes are compared across ranks by their exact text and checked by
+    # element count; both are computed once per distinct shape list.
+    list_t = frozenset({list})
+    in_s = _coded(col("input_sizes"), _sizes_str, types=list_t, keys=_marshal_keys)
+    out_s = _coded(col("output_sizes"), _sizes_str, types=list_t, keys=_marshal_keys)
+    in_raw, out_raw = col("input_sizes"), col("output_sizes")
+    in_n = np.array([_numel(in_raw[i]) for i in in_s.reps], dtype=np.int64)[in_s.codes]
+    out_n = np.array([_numel(out_raw[i]) for i in out_s.reps], dtype=np.int64)[out_s.codes]
 
-    def sizes(raw_list: list[Any]) -> tuple[list[str], np.ndarray]:
-        # str() of the list as torch stored it is one C call; numel is
-        # computed once per distinct shape string.
-        strs = [str(v) if v is not None else "[]" for v in raw_list]
-        for st, v in zip(strs, raw_list, strict=True):
-            if st not in numel_cache:
-                numel_cache[st] = _numel(v)
-        nums = np.fromiter((numel_cache[st] for st in strs), dtype=np.int64, count=len(strs))
-        return strs, nums
-
-    in_s, in_n = sizes(in_sizes_raw)
-    out_s, out_n = sizes(out_sizes_raw)
-
-    states = [str(v) if v is not None else "scheduled" for v in col("state", "scheduled")]
-    durations = np.array(
-        [
-            float(v) if isinstance(v, int | float) and not isinstance(v, bool) else np.nan
-            for v in col("duration_ms")
-        ],
-        dtype=np.float64,
-    )
-
+    str_t = frozenset({str})
+    state = _coded(col("state"), _str_or("scheduled"), types=str_t)
     columns: dict[str, Any] = {
-        "record_id": _int_column(col("record_id"), -1, "record_id"),
-        "pg_id": _int_column(pg_ids_raw, -1, "pg_id"),
-        "collective_seq_id": _int_column(coll_seq, -1, "collective_seq_id"),
-        "p2p_seq_id": _int_column(col("p2p_seq_id", 0), 0, "p2p_seq_id"),
-        "op_id": _int_column(col("op_id"), -1, "op_id"),
-        "time_created_ns": _int_column(col("time_created_ns"), 0, "time_created_ns"),
-        "time_discovered_started_ns": _int_column(
+        "record_id": _fast_int_column(col("record_id"), -1, "record_id"),
+        "pg_id": _fast_int_column(col("pg_id"), -1, "pg_id"),
+        "collective_seq_id": _fast_int_column(coll_seq, -1, "collective_seq_id"),
+        "p2p_seq_id": _fast_int_column(col("p2p_seq_id"), 0, "p2p_seq_id"),
+        "op_id": _fast_int_column(col("op_id"), -1, "op_id"),
+        "time_created_ns": _fast_int_column(col("time_created_ns"), 0, "time_created_ns"),
+        "time_discovered_started_ns": _fast_int_column(
             col("time_discovered_started_ns"), 0, "time_discovered_started_ns"
         ),
-        "time_discovered_completed_ns": _int_column(
+        "time_discovered_completed_ns": _fast_int_column(
             col("time_discovered_completed_ns"), 0, "time_discovered_completed_ns"
         ),
-        "timeout_ms": _int_column(col("timeout_ms"), 0, "timeout_ms"),
-        "peer_src": np.array(src, dtype=np.int64),
-        "peer_dst": np.array(dst, dtype=np.int64),
+        "timeout_ms": _fast_int_column(col("timeout_ms"), 0, "timeout_ms"),
+        "peer_src": src,
+        "peer_dst": dst,
         "in_numel": in_n,
         "out_numel": out_n,
-        "group": pd.Categorical(groups),
-        "group_desc": pd.Categorical(descs),
-        "profiling_name": pd.Categorical(names),
-        "op": pd.Categorical(ops),
-        "state": pd.Categorical(states),
-        "thread_name": pd.Categorical(
-            [str(v) if v is not None else "" for v in col("thread_name")]
+        "group": group,
+        "group_desc": group_desc,
+        "profiling_name": name_c,
+        "op": op_c,
+        "state": state,
+        "thread_name": _coded(col("thread_name"), _str_or(""), types=str_t),
+        "thread_id": _coded(col("thread_id"), _str_or(""), types=str_t),
+        "input_sizes": in_s,
+        "output_sizes": out_s,
+        "input_dtypes": _coded(
+            col("input_dtypes"), _dtypes_norm, types=list_t, keys=_tuple_keys, exact=_only_str
         ),
-        "thread_id": pd.Categorical([str(v) if v is not None else "" for v in col("thread_id")]),
-        "input_sizes": pd.Categorical(in_s),
-        "output_sizes": pd.Categorical(out_s),
-        "input_dtypes": pd.Categorical(_dtypes_col(col("input_dtypes"))),
-        "output_dtypes": pd.Categorical(_dtypes_col(col("output_dtypes"))),
+        "output_dtypes": _coded(
+            col("output_dtypes"), _dtypes_norm, types=list_t, keys=_tuple_keys, exact=_only_str
+        ),
         "retired": retired,
         "is_p2p": is_p2p,
-        "duration_ms": durations,
+        "duration_ms": _durations(entries),
     }
 
     # Frames: only for entries still in flight and each group's newest entry,
@@ -400,15 +600,18 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     frames: dict[int, tuple[tuple[str, str, int], ...]] = {}
     if n:
         rec = columns["record_id"]
-        seen_pg: set[str] = set()
-        for i in range(n - 1, -1, -1):
+        done = retired.copy()
+        if "completed" in state.cats:
+            done |= state.codes == state.cats.index("completed")
+        want = ~done
+        _, last_rev = np.unique(group.codes[::-1], return_index=True)
+        want[n - 1 - last_rev] = True
+        for i in np.flatnonzero(want)[::-1]:
             if len(frames) >= MAX_FRAMED_ENTRIES_PER_FILE:
                 break
-            done = retired[i] or states[i] == "completed"
-            newest_of_group = groups[i] not in seen_pg
-            seen_pg.add(groups[i])
-            if (not done or newest_of_group) and entries[i].get("frames"):
-                frames[int(rec[i])] = _frames(entries[i]["frames"])
+            fr = entries[i].get("frames")
+            if fr:
+                frames[int(rec[i])] = _frames(fr)
 
     return ParsedDump(
         version=version,
@@ -433,8 +636,7 @@ def parse_dump_bytes(data: bytes) -> dict[str, Any]:
     parsed = decode_dump(sniff_and_decode(data))
     cols = parsed.columns
     as_lists = {
-        k: (list(np.asarray(v)) if not isinstance(v, pd.Categorical) else list(v.astype(object)))
-        for k, v in cols.items()
+        k: (v.strings() if isinstance(v, Coded) else list(np.asarray(v))) for k, v in cols.items()
     }
     entries = []
     for i in range(parsed.n_entries):

@@ -24,10 +24,15 @@ RANKS, TP, ENTRIES = 416, 2, 12  # 208 TP groups + 2 DP groups + the default gro
 
 
 def _gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_nccl_dumps", BENCH / "gen_nccl_dumps.py")
+    # Its own module name: tests/benchmarks registers "gen_nccl_dumps" and
+    # pickles its functions for a pool, which must keep resolving to theirs.
+    name = "gen_nccl_dumps_analyzer_tests"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / "gen_nccl_dumps.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_nccl_dumps"] = mod  # dataclasses resolve their module by name
+    sys.modules[name] = mod  # dataclasses resolve their module by name
     spec.loader.exec_module(mod)
     return mod
 

@@ -1,0 +1,136 @@
+"""The decoder's shortcuts give exactly what per-value normalization gives.
+
+`decode_dump` normalizes each *distinct* value once (grouping values by a
+hashable key built in C) and reads entries with one itemgetter when every
+key is present. These tests pin both shortcuts to the plain definitions on
+arbitrary values, including the shapes where the shortcut must step aside
+(tuples among lists, bools among ints, strings posing as size lists).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from fr_dumps import SimJob
+from hangwatch.analyzer import parse
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_atom = st.one_of(
+    st.integers(-3, 2**40),
+    st.booleans(),
+    st.floats(allow_nan=False, width=32),
+    st.text(max_size=3),
+    st.none(),
+)
+_shape = st.one_of(st.lists(_atom, max_size=3), st.tuples(_atom, _atom))
+_sizes = st.one_of(st.lists(_shape, max_size=3), st.none(), st.text(max_size=5), st.integers())
+_dtypes = st.one_of(
+    st.lists(st.sampled_from(["Float", "BFloat16", "Half", "Int"]), max_size=3),
+    st.lists(st.one_of(st.text(max_size=3), st.integers(0, 9)), max_size=3),
+    st.none(),
+    st.text(max_size=3),
+)
+_strings = st.one_of(st.sampled_from(["scheduled", "started", "completed"]), st.none(), _atom)
+
+
+def _check(c: parse.Coded, expect: list[str]) -> None:
+    assert c.strings() == expect
+    assert c.cats == list(dict.fromkeys(expect))  # distinct, in order of first appearance
+    assert [expect.index(s) for s in c.cats] == c.reps.tolist()
+
+
+@FAST
+@given(st.lists(_sizes, max_size=30))
+def test_sizes_by_distinct_value_equal_per_value(values: list[Any]) -> None:
+    c = parse._coded(values, parse._sizes_str, types=frozenset({list}), keys=parse._marshal_keys)
+    _check(c, [parse._sizes_str(v) for v in values])
+
+
+@FAST
+@given(st.lists(_dtypes, max_size=30))
+def test_dtypes_by_distinct_value_equal_per_value(values: list[Any]) -> None:
+    c = parse._coded(
+        values,
+        parse._dtypes_norm,
+        types=frozenset({list}),
+        keys=parse._tuple_keys,
+        exact=parse._only_str,
+    )
+    _check(c, [parse._dtypes_norm(v) for v in values])
+
+
+@FAST
+@given(st.lists(_strings, max_size=30))
+def test_strings_by_distinct_value_equal_per_value(values: list[Any]) -> None:
+    norm = parse._str_or("scheduled")
+    _check(parse._coded(values, norm, types=frozenset({str})), [norm(v) for v in values])
+
+
+@FAST
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["0", "1", "17"]), st.sampled_from(["default_pg", "TP"])),
+            st.tuples(st.sampled_from(["0", "1"])),
+            st.lists(st.one_of(st.sampled_from(["0", "1"]), st.integers(0, 1), st.booleans())),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_process_groups_by_distinct_value_equal_per_value(pgs: list[Any]) -> None:
+    pg_ids = [0] * len(pgs)
+    if not all(isinstance(p, list | tuple) and len(p) >= 1 for p in pgs):
+        with pytest.raises(parse.DumpFormatError, match="no usable process_group"):
+            parse._groups(pgs, pg_ids)
+        return
+    g, d = parse._groups(pgs, pg_ids)
+    _check(g, [str(p[0]) for p in pgs])
+    _check(d, [str(p[1]) if len(p) > 1 and p[1] is not None else "" for p in pgs])
+
+
+@FAST
+@given(st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.none()), max_size=20))
+def test_int_columns_fill_none(values: list[int | None]) -> None:
+    got = parse._fast_int_column(tuple(values), 7, "x")
+    assert got.dtype == np.int64
+    assert got.tolist() == [7 if v is None else v for v in values]
+
+
+def _job() -> SimJob:
+    job = SimJob(2, backend="nccl")
+    job.all("0")
+    job.ranks[0].p2p("0", "send", 1)
+    job.ranks[1].p2p("0", "recv", 0)
+    job.all("0")
+    return job
+
+
+def _entries(data: bytes) -> list[dict[str, Any]]:
+    out = parse.parse_dump_bytes(data)["entries"]
+    for e in out:  # NaN != NaN; absent durations must still compare equal
+        e["duration_ms"] = None if math.isnan(e["duration_ms"]) else e["duration_ms"]
+    return out
+
+
+@pytest.mark.parametrize("missing", ["thread_id", "is_p2p", "retired", "state"])
+def test_one_pass_and_per_key_reads_agree(missing: str) -> None:
+    """An entry without some key sends the whole file down the per-key path;
+    every other entry must come out exactly as the one-pass path makes it."""
+    obj = _job().ranks[0].dump_obj()
+    full = _entries(pickle.dumps(obj))
+    del obj["entries"][-1][missing]
+    partial = _entries(pickle.dumps(obj))
+    assert len(full) == len(partial) >= 3
+    assert full[:-1] == partial[:-1]
+    last_full, last_part = full[-1], partial[-1]
+    assert {k: v for k, v in last_full.items() if k != missing} == {
+        k: v for k, v in last_part.items() if k != missing
+    }
