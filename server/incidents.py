@@ -373,7 +373,6 @@ class IncidentManager:
             self.registry.mark_handled(job_id, keys, row.id)
         self.metrics.inc("hangwatch_incidents_opened_total", labels={"trigger": trigger})
         log.warning("incident %s opened for job %s (%s): %s", row.id, job_id, trigger, reason)
-        self._write_incident_json(inc, reason)
         cmd = Command(
             kind=pb.COMMAND_KIND_DUMP,
             incident_id=row.id,
@@ -381,8 +380,14 @@ class IncidentManager:
             deadline_s=self.dump_deadline,
             expires=inc.deadline,
         )
+        # Commands first: the agents keep their own copies of the dumps, so a
+        # data dir that cannot take incident.json right now loses nothing.
         for agent_id in agents:
             self.registry.push_command(job_id, agent_id, cmd)
+        try:
+            self._write_incident_json(inc, reason)
+        except OSError as e:
+            log.error("incident %s: cannot write %s: %s", row.id, formats.INCIDENT_FILE, e)
         self._wake.set()
         return row.id
 
