@@ -91,7 +91,7 @@ def analyze(
         )
     E = loaded.entries
     if group is not None:
-        E = E.loc[(E["group"].astype(str) == group).to_numpy()]
+        E = E.loc[(E["group"] == group).to_numpy()]  # categorical: compares codes
         groups = {group: groups[group]} if group in groups else {}
     return _Diagnosis(loaded, E, groups, ws, group).run()
 
@@ -135,6 +135,7 @@ class _Diagnosis:
         # (peer that has not posted, waiter, group, p2p seq, waiter's op name)
         self.unmatched: list[tuple[int, int, str, int, str]] = []
         self.p2p_blocked: set[int] = set()
+        self._tabs: dict[str, dict[str, pd.Series]] = {}
 
     # ---------- progress ----------
     def run(self) -> Report:
@@ -151,9 +152,13 @@ class _Diagnosis:
         return self._verdict(P, waits, roots, cycles, mismatches)
 
     def _tab(self, col: str) -> dict[str, pd.Series]:
-        """group -> Series(rank -> value) for one progress column."""
-        t = self.P.table[col]
-        return {str(g): s.droplevel("group") for g, s in t.groupby(level="group", observed=True)}
+        """group -> Series(rank -> value) for one progress column (computed once)."""
+        if col not in self._tabs:
+            t = self.P.table[col]
+            self._tabs[col] = {
+                str(g): s.droplevel("group") for g, s in t.groupby(level="group", observed=True)
+            }
+        return self._tabs[col]
 
     def _collective_waits(self, P: Progress) -> list[Wait]:
         blocked = P.table["coll_blocked"].dropna()
@@ -509,7 +514,7 @@ class _Diagnosis:
         meta = self.groups.get(g)
         members = sorted(meta.ranks) if meta else []
         E = self.E
-        gm = (E["group"].astype(str) == g).to_numpy()
+        gm = (E["group"] == g).to_numpy()
         if kind == "collective":
             at = E.loc[gm & ~E["is_p2p"].to_numpy() & (E["collective_seq_id"] == s).to_numpy()]
             enq = self._tab("coll_enq").get(g, pd.Series(dtype=np.float64))
@@ -771,10 +776,10 @@ class _Diagnosis:
             )
         E = self.E
         done = done_mask(E)
-        newest = (
-            E.assign(done=done).sort_values("record_id").groupby("rank").tail(1).set_index("rank")
-        )
-        newest_done = E.loc[done].sort_values("record_id").groupby("rank").tail(1).set_index("rank")
+        rank = E["rank"].to_numpy()
+        mine = np.isin(rank, chosen)
+        newest = _newest_per_rank(E, mine)
+        newest_done = _newest_per_rank(E, mine & done)
         comp = self._tab("coll_comp")
         out: dict[int, RankEvidence] = {}
         for r in chosen:
@@ -836,6 +841,16 @@ class _Diagnosis:
             if rr == r and (best is None or rec > best[0]):
                 best = (rec, fr)
         return best[1] if best else None
+
+
+def _newest_per_rank(E: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
+    """Each rank's entry with the highest record_id among `mask`, indexed by rank."""
+    rows = np.flatnonzero(mask)
+    rank = E["rank"].to_numpy()[rows]
+    order = np.lexsort((E["record_id"].to_numpy()[rows], rank))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = rank[order][1:] != rank[order][:-1]
+    return E.iloc[rows[order[last]]].set_index("rank")
 
 
 def _wait_key(w: Wait, roots: list[int]) -> tuple[Any, ...]:

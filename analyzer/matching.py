@@ -65,19 +65,38 @@ class Mismatch:
     detail: str
 
 
+# The columns the consistency rules read; representatives carries only these.
+_REP_COLUMNS = (
+    "rank",
+    "group",
+    "collective_seq_id",
+    "record_id",
+    "op",
+    "input_sizes",
+    "output_sizes",
+    "input_dtypes",
+    "output_dtypes",
+    "in_numel",
+    "out_numel",
+)
+
+
 def representatives(entries: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, group, collective seq): the entry that closes it.
 
     A coalesced op records one entry per member op sharing the seq, then the
     closing `coalesced` entry; the closing (newest) one stands for all.
+    Row selection is done on integer arrays and only the rule columns are
+    gathered, so millions of entries cost one sort and a few takes.
     """
-    coll = entries.loc[~entries["is_p2p"].to_numpy()]
-    if not len(coll):
-        return coll.assign(n_sub=np.zeros(0, dtype=np.int64))
-    rank = coll["rank"].to_numpy()
-    g = coll["group"].cat.codes.to_numpy()
-    seq = coll["collective_seq_id"].to_numpy()
-    order = np.lexsort((coll["record_id"].to_numpy(), seq, g, rank))
+    rows = np.flatnonzero(~entries["is_p2p"].to_numpy())
+    if not len(rows):
+        return entries.iloc[:0][list(_REP_COLUMNS)].assign(n_sub=np.zeros(0, dtype=np.int64))
+    rank = entries["rank"].to_numpy()[rows]
+    g = entries["group"].cat.codes.to_numpy()[rows]
+    seq = entries["collective_seq_id"].to_numpy()[rows]
+    rec = entries["record_id"].to_numpy()[rows]
+    order = np.lexsort((rec, seq, g, rank))
     r_o, g_o, s_o = rank[order], g[order], seq[order]
     # The last row of each (rank, group, seq) run closes it.
     last = np.ones(len(order), dtype=bool)
@@ -86,7 +105,10 @@ def representatives(entries: pd.DataFrame) -> pd.DataFrame:
     first[1:] = last[:-1]
     starts = np.flatnonzero(first)
     ends = np.flatnonzero(last)
-    rep = coll.iloc[order[ends]]
+    pick = rows[order[ends]]
+    rep = pd.DataFrame(
+        {c: entries[c].array.take(pick) for c in _REP_COLUMNS}, index=entries.index[pick]
+    )
     return rep.assign(n_sub=(ends - starts + 1))
 
 
@@ -113,7 +135,15 @@ def _suspects(rep: pd.DataFrame, groups: dict[str, GroupMeta]) -> np.ndarray:
     gcode = rep["group"].cat.codes.to_numpy().astype(np.int64)
     seq = rep["collective_seq_id"].to_numpy()
     kid = gcode * (int(seq.max()) + 2 if n else 1) + (seq + 1)
-    _, inv, counts = np.unique(kid, return_inverse=True, return_counts=True)
+    # One sort by key; per-key min/max of each column then come from reduceat.
+    order = np.argsort(kid, kind="stable")
+    ks = kid[order]
+    head = np.ones(n, dtype=bool)
+    head[1:] = ks[1:] != ks[:-1]
+    starts = np.flatnonzero(head)
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.cumsum(head) - 1
+    counts = np.diff(np.append(starts, n))
     multi = counts[inv] > 1
     ops = (
         rep["op"].astype(str) if not isinstance(rep["op"].dtype, pd.CategoricalDtype) else rep["op"]
@@ -122,13 +152,12 @@ def _suspects(rep: pd.DataFrame, groups: dict[str, GroupMeta]) -> np.ndarray:
     op_code = ops.cat.codes.to_numpy()
     a2a = np.isin(op_cats, list(ALL_TO_ALL))[op_code]
     bad = np.zeros(n, dtype=bool)
-    inv_s = pd.Series(inv)
     for col in ("op", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes"):
         c = rep[col].cat.codes.to_numpy().astype(np.int64)
         if col.endswith("_sizes"):
             c = np.where(a2a, -1, c)
-        mm = pd.Series(c).groupby(inv_s).agg(["min", "max"])
-        diff = (mm["min"] != mm["max"]).to_numpy()
+        cs = c[order]
+        diff = np.minimum.reduceat(cs, starts) != np.maximum.reduceat(cs, starts)
         bad |= diff[inv]
     # Per-row rules, decided once per distinct (op, sizes/dtypes) combination.
     per_row_ops = {
@@ -167,8 +196,7 @@ def _suspects(rep: pd.DataFrame, groups: dict[str, GroupMeta]) -> np.ndarray:
     rs = np.isin(op_cats, list(REDUCE_SCATTER))[op_code] & (gs > 0) & (in_n >= 0) & (out_n >= 0)
     bad |= ag & (out_n != in_n * gs)
     bad |= rs & (in_n != out_n * gs)
-    bad_key = np.zeros(len(counts), dtype=bool)
-    np.logical_or.at(bad_key, inv, bad)
+    bad_key = np.logical_or.reduceat(bad[order], starts)
     return multi & bad_key[inv]
 
 
