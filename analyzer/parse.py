@@ -278,46 +278,51 @@ def _frames(v: Any) -> tuple[tuple[str, str, int], ...]:
 
 
 # The keys every FR 2.x entry of torch >= 2.4 carries. When all are present
-# one itemgetter per entry reads them all; older dumps take the .get path.
-_FAST_KEYS = (
+# one itemgetter per entry reads them; older dumps take the .get path.
+# Low-cardinality keys are read as one tuple per entry and interned whole:
+# a file has a few dozen distinct (group, op, state, thread, flags) tuples.
+_META_KEYS = (
+    "process_group",
+    "profiling_name",
+    "state",
+    "thread_name",
+    "thread_id",
+    "is_p2p",
+    "retired",
+)
+_VALUE_KEYS = (
     "record_id",
     "pg_id",
-    "process_group",
     "collective_seq_id",
     "p2p_seq_id",
     "op_id",
-    "profiling_name",
     "time_created_ns",
     "input_sizes",
     "input_dtypes",
     "output_sizes",
     "output_dtypes",
-    "state",
     "time_discovered_started_ns",
     "time_discovered_completed_ns",
-    "retired",
     "timeout_ms",
-    "is_p2p",
-    "thread_name",
-    "thread_id",
 )
-_FAST_GET = operator.itemgetter(*_FAST_KEYS)
+_META_GET = operator.itemgetter(*_META_KEYS)
+_DEFAULTS: dict[str, Any] = {"p2p_seq_id": 0, "retired": False, "state": "scheduled"}
 
 
-def _raw_columns(entries: list[dict[str, Any]]) -> dict[str, Sequence[Any]]:
+def _raw_columns(entries: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Sequence[Any]]:
     """Per-key value sequences, reading each entry once when it has every key."""
     if entries:
         try:
-            return dict(zip(_FAST_KEYS, zip(*map(_FAST_GET, entries), strict=True), strict=True))
+            rows = map(operator.itemgetter(*keys), entries)
+            return dict(zip(keys, zip(*rows, strict=True), strict=True))
         except KeyError:
             pass
     out: dict[str, Sequence[Any]] = {}
-    for k in _FAST_KEYS:
-        out[k] = [e.get(k) for e in entries]
-    if any(v is None for v in out["collective_seq_id"]):  # v1.x called it seq_id
+    for k in keys:
+        out[k] = [e.get(k, _DEFAULTS.get(k)) for e in entries]
+    if "collective_seq_id" in out and None in out["collective_seq_id"]:
+        # v1.x called it seq_id
         out["collective_seq_id"] = [e.get("collective_seq_id", e.get("seq_id")) for e in entries]
-    for k, default in (("p2p_seq_id", 0), ("retired", False), ("state", "scheduled")):
-        out[k] = [e.get(k, default) for e in entries]
     return out
 
 
@@ -475,6 +480,135 @@ def _groups(pgs: Sequence[Any], pg_ids: Sequence[Any]) -> tuple[Coded, Coded]:
     return _coded(groups, str, types=frozenset({str})), _coded(descs, str, types=frozenset({str}))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Meta:
+    group: Coded
+    group_desc: Coded
+    name: Coded
+    op: Coded
+    state: Coded
+    thread_name: Coded
+    thread_id: Coded
+    peer_src: np.ndarray
+    peer_dst: np.ndarray
+    is_p2p: np.ndarray
+    retired: np.ndarray
+    backend: str
+
+
+def _from_names(name_c: Coded) -> tuple[Coded, np.ndarray, np.ndarray, str]:
+    """op, peers and the dominant backend, parsed once per distinct profiling name."""
+    splits = [split_profiling_name(nm) for nm in name_c.cats]
+    op_c = _coded([sp[1] for sp in splits], str, types=frozenset({str})).compose(name_c)
+    src = np.array([sp[2] for sp in splits], dtype=np.int64)[name_c.codes]
+    dst = np.array([sp[3] for sp in splits], dtype=np.int64)[name_c.codes]
+    per_name = np.bincount(name_c.codes, minlength=len(splits))
+    backends: dict[str, int] = {}
+    for sp, cnt in zip(splits, per_name, strict=True):
+        backends[sp[0]] = backends.get(sp[0], 0) + int(cnt)
+    backend = max(backends, key=lambda k: backends[k]) if backends else ""
+    return op_c, src, dst, backend
+
+
+def _is_str_or_none(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _meta_by_distinct_tuple(entries: list[dict[str, Any]]) -> _Meta | None:
+    """The _META_KEYS columns, normalized once per distinct tuple of them.
+
+    Exact when every distinct tuple holds only str/None/bool of the shapes
+    torch writes: tuples merged by equality are then identical, except True
+    merging with 1 (or False with 0) in the flags, which bool() maps alike.
+    None (use the per-column path) for anything else, e.g. JSON's lists.
+    """
+    if not entries:
+        return None
+    try:
+        codes, uniq = _intern(list(map(_META_GET, entries)))
+    except (KeyError, TypeError):
+        return None
+    for pg, name, state, tname, tid, p2p, ret in uniq:
+        if not (
+            type(pg) is tuple
+            and len(pg) >= 1
+            and _only_str_or_none(pg)
+            and type(name) is str
+            and _is_str_or_none(state)
+            and _is_str_or_none(tname)
+            and _is_str_or_none(tid)
+            and type(p2p) is bool
+            and type(ret) is bool
+        ):
+            return None
+    rows = Coded(codes=codes, cats=[], reps=_first_of_each(codes))
+
+    def per_tuple(i: int, norm: Callable[[Any], str]) -> Coded:
+        return _coded(
+            [u[i] for u in uniq], norm, types=frozenset({str, tuple, type(None)})
+        ).compose(rows)
+
+    name_c = per_tuple(1, str)
+    op_c, src, dst, backend = _from_names(name_c)
+    return _Meta(
+        group=per_tuple(0, lambda pg: str(pg[0])),
+        group_desc=per_tuple(0, lambda pg: str(pg[1]) if len(pg) > 1 and pg[1] is not None else ""),
+        name=name_c,
+        op=op_c,
+        state=per_tuple(2, _str_or("scheduled")),
+        thread_name=per_tuple(3, _str_or("")),
+        thread_id=per_tuple(4, _str_or("")),
+        peer_src=src,
+        peer_dst=dst,
+        is_p2p=np.array([u[5] for u in uniq], dtype=bool)[codes],
+        retired=np.array([u[6] for u in uniq], dtype=bool)[codes],
+        backend=backend,
+    )
+
+
+def _meta_per_column(col: dict[str, Sequence[Any]], pg_ids: Sequence[Any]) -> _Meta:
+    group, group_desc = _groups(col["process_group"], pg_ids)
+    names = col["profiling_name"]
+    if not set(map(type, names)) <= {str}:
+        for i, nm in enumerate(names):
+            if not isinstance(nm, str):
+                raise DumpFormatError(f"entry {i} profiling_name is not a string")
+    name_c = _coded(names, str, types=frozenset({str}))
+    op_c, src, dst, backend = _from_names(name_c)
+    is_p2p_raw = col["is_p2p"]
+    if set(map(type, is_p2p_raw)) <= {bool}:
+        is_p2p = np.array(is_p2p_raw, dtype=bool)
+    else:
+        ops = op_c.strings()
+        is_p2p = np.array(
+            [
+                bool(v) if v is not None else (op in P2P_OPS)
+                for v, op in zip(is_p2p_raw, ops, strict=True)
+            ],
+            dtype=bool,
+        )
+    retired_raw = col["retired"]
+    if set(map(type, retired_raw)) <= {bool}:
+        retired = np.array(retired_raw, dtype=bool)
+    else:
+        retired = np.array([bool(v) for v in retired_raw], dtype=bool)
+    str_t = frozenset({str})
+    return _Meta(
+        group=group,
+        group_desc=group_desc,
+        name=name_c,
+        op=op_c,
+        state=_coded(col["state"], _str_or("scheduled"), types=str_t),
+        thread_name=_coded(col["thread_name"], _str_or(""), types=str_t),
+        thread_id=_coded(col["thread_id"], _str_or(""), types=str_t),
+        peer_src=src,
+        peer_dst=dst,
+        is_p2p=is_p2p,
+        retired=retired,
+        backend=backend,
+    )
+
+
 def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedDump:
     """Validate a decoded dump object and build its columns.
 
@@ -503,48 +637,17 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
             if not isinstance(e, dict):
                 raise DumpFormatError(f"entry {i} has type {type(e).__name__}, expected a mapping")
     n = len(entries)
-    raw_cols = _raw_columns(entries)
+    raw_cols = _raw_columns(entries, _VALUE_KEYS)
     col = raw_cols.__getitem__
-
-    group, group_desc = _groups(col("process_group"), col("pg_id"))
-
-    names = col("profiling_name")
-    if not set(map(type, names)) <= {str}:
-        for i, nm in enumerate(names):
-            if not isinstance(nm, str):
-                raise DumpFormatError(f"entry {i} profiling_name is not a string")
-    name_c = _coded(names, str, types=frozenset({str}))
-    splits = [split_profiling_name(nm) for nm in name_c.cats]
-    op_c = _coded([sp[1] for sp in splits], str, types=frozenset({str})).compose(name_c)
-    src = np.array([sp[2] for sp in splits], dtype=np.int64)[name_c.codes]
-    dst = np.array([sp[3] for sp in splits], dtype=np.int64)[name_c.codes]
-    per_name = np.bincount(name_c.codes, minlength=len(splits)) if n else np.zeros(0, np.int64)
-    backends: dict[str, int] = {}
-    for sp, cnt in zip(splits, per_name, strict=True):
-        backends[sp[0]] = backends.get(sp[0], 0) + int(cnt)
-    backend = max(backends, key=lambda k: backends[k]) if backends else ""
+    meta = _meta_by_distinct_tuple(entries)
+    if meta is None:
+        meta = _meta_per_column(_raw_columns(entries, _META_KEYS), col("pg_id"))
+    group, group_desc, name_c, op_c = meta.group, meta.group_desc, meta.name, meta.op
+    state, retired, is_p2p = meta.state, meta.retired, meta.is_p2p
 
     coll_seq = col("collective_seq_id")
     if None in coll_seq:
         raise DumpFormatError("an entry has no collective_seq_id")
-
-    is_p2p_raw = col("is_p2p")
-    if set(map(type, is_p2p_raw)) <= {bool}:
-        is_p2p = np.array(is_p2p_raw, dtype=bool)
-    else:
-        ops = op_c.strings()
-        is_p2p = np.array(
-            [
-                bool(v) if v is not None else (op in P2P_OPS)
-                for v, op in zip(is_p2p_raw, ops, strict=True)
-            ],
-            dtype=bool,
-        )
-    retired_raw = col("retired")
-    if set(map(type, retired_raw)) <= {bool}:
-        retired = np.array(retired_raw, dtype=bool)
-    else:
-        retired = np.array([bool(v) for v in retired_raw], dtype=bool)
 
     # Sizes are compared across ranks by their exact text and checked by
     # element count; both are computed once per distinct shape list.
@@ -555,8 +658,6 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     in_n = np.array([_numel(in_raw[i]) for i in in_s.reps], dtype=np.int64)[in_s.codes]
     out_n = np.array([_numel(out_raw[i]) for i in out_s.reps], dtype=np.int64)[out_s.codes]
 
-    str_t = frozenset({str})
-    state = _coded(col("state"), _str_or("scheduled"), types=str_t)
     columns: dict[str, Any] = {
         "record_id": _fast_int_column(col("record_id"), -1, "record_id"),
         "pg_id": _fast_int_column(col("pg_id"), -1, "pg_id"),
@@ -571,8 +672,8 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
             col("time_discovered_completed_ns"), 0, "time_discovered_completed_ns"
         ),
         "timeout_ms": _fast_int_column(col("timeout_ms"), 0, "timeout_ms"),
-        "peer_src": src,
-        "peer_dst": dst,
+        "peer_src": meta.peer_src,
+        "peer_dst": meta.peer_dst,
         "in_numel": in_n,
         "out_numel": out_n,
         "group": group,
@@ -580,8 +681,8 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
         "profiling_name": name_c,
         "op": op_c,
         "state": state,
-        "thread_name": _coded(col("thread_name"), _str_or(""), types=str_t),
-        "thread_id": _coded(col("thread_id"), _str_or(""), types=str_t),
+        "thread_name": meta.thread_name,
+        "thread_id": meta.thread_id,
         "input_sizes": in_s,
         "output_sizes": out_s,
         "input_dtypes": _coded(
@@ -616,7 +717,7 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     return ParsedDump(
         version=version,
         comm_lib_version=str(comm or ""),
-        backend=backend,
+        backend=meta.backend,
         pg_config=_pg_config(raw.get("pg_config")),
         pg_status=_pg_status(raw.get("pg_status")),
         columns=columns,
