@@ -120,7 +120,9 @@ def _entries(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("missing", ["thread_id", "is_p2p", "retired", "state", "op_id", "p2p_seq_id"])
+@pytest.mark.parametrize(
+    "missing", ["thread_id", "is_p2p", "retired", "state", "op_id", "p2p_seq_id"]
+)
 def test_one_pass_and_per_key_reads_agree(missing: str) -> None:
     """An entry without some key sends the whole file down the per-key path;
     every other entry must come out exactly as the one-pass path makes it."""
