@@ -330,6 +330,7 @@ def _read_all(
 
 def _concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
     """One frame for all ranks; string columns become one Categorical each.
+    Consumes the parts' columns.
 
     Each file's distinct strings are merged into one table per column (a few
     dozen per file), so the per-row work is one integer take per column.
@@ -345,19 +346,22 @@ def _concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
         empty["rank"] = np.array([], dtype=np.int64)
         return pd.DataFrame(empty)[["rank", *ENTRY_COLUMNS]]
     data["rank"] = np.concatenate([np.full(p.n_entries, r, dtype=np.int64) for r, p in parts])
-    for k in INT_COLUMNS + BOOL_COLUMNS + FLOAT_COLUMNS:
-        data[k] = np.concatenate([p.columns[k] for _, p in parts])
-    for k in STR_COLUMNS:
+    # Column by column, dropping each file's copy once merged (the parts are
+    # spent): peak memory is the merged frame plus one column, not twice all.
+    for k in ENTRY_COLUMNS:
+        if k not in STR_COLUMNS:
+            data[k] = np.concatenate([p.columns.pop(k) for _, p in parts])
+            continue
         table: dict[str, int] = {}
         coded = []
         for _, p in parts:
-            c: Coded = p.columns[k]
+            c: Coded = p.columns.pop(k)
             for s in sorted(c.cats):
                 table.setdefault(s, len(table))
             remap = np.array([table[s] for s in c.cats], dtype=np.int32)
             coded.append(remap[c.codes])
         data[k] = pd.Categorical.from_codes(np.concatenate(coded), categories=pd.Index(list(table)))
-    return pd.DataFrame(data, copy=False)[["rank", *ENTRY_COLUMNS]]
+    return pd.DataFrame(data, copy=False)
 
 
 def _read_json_file(p: Path, limit: int) -> Any:
@@ -597,11 +601,6 @@ def load_dumps(
 
     ranks = sorted(by_rank)
     parts = [(r, by_rank[r][1]) for r in ranks]
-    entries = _concat_columns(parts)
-
-    pg_status: dict[int, dict[str, PgStatus]] = {}
-    unmapped: dict[int, list[int]] = {}
-    frames: dict[tuple[int, int], tuple[tuple[str, str, int], ...]] = {}
     entry_maps: dict[int, dict[int, str]] = {}
     all_names: set[str] = set()
     for r, p in parts:
@@ -612,6 +611,11 @@ def load_dumps(
             _, first = np.unique(pids, return_index=True)
             entry_maps[r] = {int(pids[i]): grp.cats[grp.codes[i]] for i in first}
             all_names.update(entry_maps[r].values())
+    entries = _concat_columns(parts)
+
+    pg_status: dict[int, dict[str, PgStatus]] = {}
+    unmapped: dict[int, list[int]] = {}
+    frames: dict[tuple[int, int], tuple[tuple[str, str, int], ...]] = {}
     for meta in rank_meta.values():
         all_names.update(
             str(g["name"])
