@@ -60,6 +60,11 @@ def default_analyze(path: Path, world_size: int | None) -> Report:
     return report
 
 
+def _fr_stored(bundle: Path, rank: int) -> bool:
+    """The rank's FR file is in place (uploads are renamed in only when whole)."""
+    return (bundle / f"rank_{rank}" / f"{formats.FR_FILE_PREFIX}{rank}").is_file()
+
+
 def fmt_ranks(ranks: list[int] | set[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5": incidents can name hundreds of ranks."""
     rs = sorted(set(ranks))
@@ -423,7 +428,19 @@ class IncidentManager:
                 self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
 
     def _finalize_inner(self, inc: _Collecting) -> None:
+        # A rank whose FR file was stored (uploads land atomically) is dumped
+        # even if its agent's CompleteDump missed the deadline: at thousands
+        # of ranks collection can outlast it, and the evidence is on disk.
+        bundle_dir = self.store.incident_dir(inc.incident_id)
         with self._lock:
+            pending = inc.expected - inc.dumped
+        stored = {
+            r for r in pending if any((bundle_dir / f"rank_{r}").glob(f"{formats.FR_FILE_PREFIX}*"))
+        }
+        with self._lock:
+            for r in stored:
+                inc.dumped.add(r)
+                inc.unreachable.pop(r, None)
             for agent_id, ranks in inc.asked.items():
                 for r in ranks:
                     if r in inc.expected and r not in inc.dumped and r not in inc.unreachable:
@@ -536,11 +553,7 @@ class IncidentManager:
         """Incidents left collecting by a previous run: analyse what arrived."""
         for row in self.store.list_incidents(status="collecting", limit=10_000):
             bundle = self.store.incident_dir(row.id)
-            have = {
-                r
-                for r in row.ranks_expected
-                if any((bundle / f"rank_{r}").glob(f"{formats.FR_FILE_PREFIX}*"))
-            }
+            have = {r for r in row.ranks_expected if _fr_stored(bundle, r)}
             inc = _Collecting(
                 incident_id=row.id,
                 job_id=row.job_id,
