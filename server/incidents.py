@@ -434,9 +434,7 @@ class IncidentManager:
         bundle_dir = self.store.incident_dir(inc.incident_id)
         with self._lock:
             pending = inc.expected - inc.dumped
-        stored = {
-            r for r in pending if any((bundle_dir / f"rank_{r}").glob(f"{formats.FR_FILE_PREFIX}*"))
-        }
+        stored = {r for r in pending if _fr_stored(bundle_dir, r)}
         with self._lock:
             for r in stored:
                 inc.dumped.add(r)
