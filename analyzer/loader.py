@@ -219,7 +219,11 @@ def _read_one(
         return cand, None, f"file is {cand.size} bytes, over the {max_bytes}-byte limit"
     try:
         with open(cand.path, "rb") as f:
-            data = f.read(max_bytes + 1)
+            # read(n) allocates n bytes up front: ask for what stat saw (+1
+            # to notice growth), then the rest only if the file did grow.
+            data = f.read(cand.size + 1)
+            if len(data) > cand.size:
+                data += f.read(max_bytes + 1 - len(data))
     except OSError as e:
         return cand, None, f"cannot read: {e.strerror or e}"
     if len(data) > max_bytes:
