@@ -105,6 +105,10 @@ class Config:
         default=8 * 1024 * 1024,
         metadata=_opt("--max-message-bytes", env.HANGWATCH_MAX_MESSAGE_BYTES, "Largest gRPC message accepted; bundles travel in chunks below it.", [SERVER, AGENT]),
     )
+    analyzer_memory_mb: int = field(
+        default=8192,
+        metadata=_opt("--analyzer-memory-mb", env.HANGWATCH_ANALYZER_MEMORY_MB, "Address-space cap of the coordinator's analyzer process, MiB: a hostile bundle fails its own analysis, never the coordinator (0 = no cap).", [SERVER]),
+    )
     coordinator: str = field(
         default="127.0.0.1:7451",
         metadata=_opt("--coordinator", env.HANGWATCH_COORDINATOR, "HOST:PORT of the coordinator's gRPC endpoint.", [AGENT, DEMO, RUN]),

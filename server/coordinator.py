@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from hangwatch.server.analysis import IsolatedAnalyzer
 from hangwatch.server.app_state import ServerContext
 from hangwatch.server.grpc_service import CoordinatorService, TokenAuth
-from hangwatch.server.incidents import Analyze, IncidentManager, default_analyze
+from hangwatch.server.incidents import Analyze, IncidentManager
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
@@ -76,7 +77,7 @@ class Coordinator:
         self,
         config: Config,
         *,
-        analyze: Analyze = default_analyze,
+        analyze: Analyze | None = None,
         max_file_bytes: int = MAX_FILE_BYTES,
         tick_s: float | None = None,
     ) -> None:
@@ -89,6 +90,12 @@ class Coordinator:
         self.registry = JobRegistry(
             agent_lost_timeout=config.agent_lost_timeout, stall_timeout=config.stall_timeout
         )
+        # Agents' bundles are untrusted: by default analyse them in a capped
+        # child process (tests may pass an in-process analyze instead).
+        self._isolated: IsolatedAnalyzer | None = None
+        if analyze is None:
+            self._isolated = IsolatedAnalyzer(memory_limit_bytes=config.analyzer_memory_mb << 20)
+            analyze = self._isolated
         self.incidents = IncidentManager(
             store=self.store,
             registry=self.registry,
@@ -135,6 +142,8 @@ class Coordinator:
             self.store.close()
             raise
         self.context.grpc_address = self.grpc_address
+        if self._isolated is not None:
+            self._isolated.warm()
         self.incidents.start()
         log.info("gRPC serving on %s", self.grpc_address)
         return self.grpc_port
@@ -166,6 +175,8 @@ class Coordinator:
             except (concurrent.futures.TimeoutError, RuntimeError):
                 log.warning("gRPC server did not stop within %.1fs", grace + 5)
         self.incidents.stop(timeout=grace)
+        if self._isolated is not None:
+            self._isolated.close()
         self._stop_loop()
         self.store.close()
 
