@@ -39,7 +39,7 @@ log = logging.getLogger("hangwatch.agent")
 # torch's first pickle dump with stack traces symbolizes frames (~1.8 s
 # measured idle, longer on a loaded node) and needs the GIL, so it is only
 # waited for briefly once the C++ JSON dump, which needs neither, is in hand.
-FR_PICKLE_GRACE_S = 0.75
+FR_PICKLE_GRACE_S = 0.5
 FR_JSON_TIMEOUT_S = 3.0
 TRACEBACK_TIMEOUT_S = 2.0
 PYSPY_TIMEOUT_S = 5.0

@@ -121,7 +121,9 @@ class IncidentManager:
         self.stall_timeout = stall_timeout
         self.dump_deadline = dump_deadline
         self._analyze = analyze
-        self._tick_s = tick_s if tick_s is not None else min(1.0, max(0.05, stall_timeout / 5))
+        # The tick is the detector's share of detection latency: a tenth of the
+        # timeout, at most half a second (a pass costs ~50 ms at 4,096 ranks).
+        self._tick_s = tick_s if tick_s is not None else min(0.5, max(0.05, stall_timeout / 10))
         self._lock = threading.Lock()
         self._collecting: dict[str, _Collecting] = {}
         # job -> (last incident, coordinator time it opened): while the job has
