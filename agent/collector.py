@@ -216,9 +216,13 @@ def collect_rank(
         elif not alive:
             errors["fr"] = f"process {state_name(state)}: no endpoint and no watchdog file"
 
-    # Python stacks.
+    # Python stacks. When the rank's Python status handler has stopped
+    # answering, its GIL is held: dump_traceback would only time out, so go
+    # straight to py-spy.
     stacks = ""
-    if alive and t.socket:
+    if not t.python_ok:
+        errors["stacks"] = "Python handlers not answering (GIL held?): used py-spy"
+    if alive and t.socket and t.python_ok:
         try:
             text = endpoint.call(
                 t.socket, hook_protocol.DUMP_TRACEBACK, timeout=TRACEBACK_TIMEOUT_S
