@@ -47,99 +47,217 @@ def _opt(
 class Config:
     job_id: str = field(
         default="default",
-        metadata=_opt("--job-id", env.HANGWATCH_JOB_ID, "Job identifier shared by agents and coordinator.", [AGENT, DEMO, RUN, HOOK]),
+        metadata=_opt(
+            "--job-id",
+            env.HANGWATCH_JOB_ID,
+            "Job identifier shared by agents and coordinator.",
+            [AGENT, DEMO, RUN, HOOK],
+        ),
     )
     host: str = field(
         default="127.0.0.1",
-        metadata=_opt("--host", env.HANGWATCH_HOST, "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.", [SERVER]),
+        metadata=_opt(
+            "--host",
+            env.HANGWATCH_HOST,
+            "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.",
+            [SERVER],
+        ),
     )
     grpc_port: int = field(
         default=7451,
-        metadata=_opt("--grpc-port", env.HANGWATCH_GRPC_PORT, "Coordinator gRPC port; 0 picks a free port and prints it.", [SERVER]),
+        metadata=_opt(
+            "--grpc-port",
+            env.HANGWATCH_GRPC_PORT,
+            "Coordinator gRPC port; 0 picks a free port and prints it.",
+            [SERVER],
+        ),
     )
     http_port: int = field(
         default=7450,
-        metadata=_opt("--http-port", env.HANGWATCH_HTTP_PORT, "Dashboard/API HTTP port; 0 picks a free port and prints it.", [SERVER]),
+        metadata=_opt(
+            "--http-port",
+            env.HANGWATCH_HTTP_PORT,
+            "Dashboard/API HTTP port; 0 picks a free port and prints it.",
+            [SERVER],
+        ),
     )
     data_dir: str = field(
         default="./hangwatch-data",
-        metadata=_opt("--data-dir", env.HANGWATCH_DATA_DIR, "Coordinator state: SQLite incident store and incident bundles.", [SERVER, DEMO]),
+        metadata=_opt(
+            "--data-dir",
+            env.HANGWATCH_DATA_DIR,
+            "Coordinator state: SQLite incident store and incident bundles.",
+            [SERVER, DEMO],
+        ),
     )
     stall_timeout: float = field(
         default=10.0,
-        metadata=_opt("--stall-timeout", env.HANGWATCH_STALL_TIMEOUT, "Seconds a group may sit with some members in a collective others have not entered before an incident starts.", [SERVER, DEMO]),
+        metadata=_opt(
+            "--stall-timeout",
+            env.HANGWATCH_STALL_TIMEOUT,
+            "Seconds a group may sit with some members in a collective others have not entered before an incident starts.",
+            [SERVER, DEMO],
+        ),
     )
     dump_deadline: float = field(
         default=15.0,
-        metadata=_opt("--dump-deadline", env.HANGWATCH_DUMP_DEADLINE, "Seconds the coordinator waits for every rank's dump before analysing what arrived.", [SERVER, DEMO]),
+        metadata=_opt(
+            "--dump-deadline",
+            env.HANGWATCH_DUMP_DEADLINE,
+            "Seconds the coordinator waits for every rank's dump before analysing what arrived.",
+            [SERVER, DEMO],
+        ),
     )
     agent_lost_timeout: float = field(
         default=10.0,
-        metadata=_opt("--agent-lost-timeout", env.HANGWATCH_AGENT_LOST_TIMEOUT, "Seconds without a report before an agent's ranks are marked unobserved.", [SERVER, DEMO]),
+        metadata=_opt(
+            "--agent-lost-timeout",
+            env.HANGWATCH_AGENT_LOST_TIMEOUT,
+            "Seconds without a report before an agent's ranks are marked unobserved.",
+            [SERVER, DEMO],
+        ),
     )
     token_file: str | None = field(
         default=None,
-        metadata=_opt("--token-file", env.HANGWATCH_TOKEN_FILE, "File holding the shared bearer token (or set HANGWATCH_TOKEN).", [SERVER, AGENT, DEMO, RUN]),
+        metadata=_opt(
+            "--token-file",
+            env.HANGWATCH_TOKEN_FILE,
+            "File holding the shared bearer token (or set HANGWATCH_TOKEN).",
+            [SERVER, AGENT, DEMO, RUN],
+        ),
     )
     token: str | None = field(
         default=None,
-        metadata=_opt(None, env.HANGWATCH_TOKEN, "Shared bearer token. Environment only: never a CLI flag.", [SERVER, AGENT, DEMO, RUN], secret=True),
+        metadata=_opt(
+            None,
+            env.HANGWATCH_TOKEN,
+            "Shared bearer token. Environment only: never a CLI flag.",
+            [SERVER, AGENT, DEMO, RUN],
+            secret=True,
+        ),
     )
     insecure: bool = field(
         default=False,
-        metadata=_opt("--insecure", env.HANGWATCH_INSECURE, "Allow binding a non-loopback address without a token.", [SERVER]),
+        metadata=_opt(
+            "--insecure",
+            env.HANGWATCH_INSECURE,
+            "Allow binding a non-loopback address without a token.",
+            [SERVER],
+        ),
     )
     tls_cert: str | None = field(
         default=None,
-        metadata=_opt("--tls-cert", env.HANGWATCH_TLS_CERT, "PEM certificate: the server's own, or the agent's client cert for mTLS.", [SERVER, AGENT]),
+        metadata=_opt(
+            "--tls-cert",
+            env.HANGWATCH_TLS_CERT,
+            "PEM certificate: the server's own, or the agent's client cert for mTLS.",
+            [SERVER, AGENT],
+        ),
     )
     tls_key: str | None = field(
         default=None,
-        metadata=_opt("--tls-key", env.HANGWATCH_TLS_KEY, "PEM private key matching --tls-cert.", [SERVER, AGENT]),
+        metadata=_opt(
+            "--tls-key",
+            env.HANGWATCH_TLS_KEY,
+            "PEM private key matching --tls-cert.",
+            [SERVER, AGENT],
+        ),
     )
     tls_ca: str | None = field(
         default=None,
-        metadata=_opt("--tls-ca", env.HANGWATCH_TLS_CA, "PEM CA bundle: agents verify the server with it; a server given one requires client certs.", [SERVER, AGENT]),
+        metadata=_opt(
+            "--tls-ca",
+            env.HANGWATCH_TLS_CA,
+            "PEM CA bundle: agents verify the server with it; a server given one requires client certs.",
+            [SERVER, AGENT],
+        ),
     )
     max_message_bytes: int = field(
         default=8 * 1024 * 1024,
-        metadata=_opt("--max-message-bytes", env.HANGWATCH_MAX_MESSAGE_BYTES, "Largest gRPC message accepted; bundles travel in chunks below it.", [SERVER, AGENT]),
+        metadata=_opt(
+            "--max-message-bytes",
+            env.HANGWATCH_MAX_MESSAGE_BYTES,
+            "Largest gRPC message accepted; bundles travel in chunks below it.",
+            [SERVER, AGENT],
+        ),
     )
     analyzer_memory_mb: int = field(
         default=8192,
-        metadata=_opt("--analyzer-memory-mb", env.HANGWATCH_ANALYZER_MEMORY_MB, "Address-space cap of the coordinator's analyzer process, MiB: a hostile bundle fails its own analysis, never the coordinator (0 = no cap).", [SERVER]),
+        metadata=_opt(
+            "--analyzer-memory-mb",
+            env.HANGWATCH_ANALYZER_MEMORY_MB,
+            "Address-space cap of the coordinator's analyzer process, MiB: a hostile bundle fails its own analysis, never the coordinator (0 = no cap).",
+            [SERVER],
+        ),
     )
     coordinator: str = field(
         default="127.0.0.1:7451",
-        metadata=_opt("--coordinator", env.HANGWATCH_COORDINATOR, "HOST:PORT of the coordinator's gRPC endpoint.", [AGENT, DEMO, RUN]),
+        metadata=_opt(
+            "--coordinator",
+            env.HANGWATCH_COORDINATOR,
+            "HOST:PORT of the coordinator's gRPC endpoint.",
+            [AGENT, DEMO, RUN],
+        ),
     )
     run_dir: str = field(
         default="./hangwatch-run",
-        metadata=_opt("--run-dir", env.HANGWATCH_RUN_DIR, "Node-local directory shared by hook and agent: rank-info files, worker sockets, FR dump files, bundles.", [AGENT, RUN, HOOK, DEMO]),
+        metadata=_opt(
+            "--run-dir",
+            env.HANGWATCH_RUN_DIR,
+            "Node-local directory shared by hook and agent: rank-info files, worker sockets, FR dump files, bundles.",
+            [AGENT, RUN, HOOK, DEMO],
+        ),
     )
     poll_interval: float = field(
         default=1.0,
-        metadata=_opt("--poll-interval", env.HANGWATCH_POLL_INTERVAL, "Seconds between the agent's FR progress polls.", [AGENT, DEMO]),
+        metadata=_opt(
+            "--poll-interval",
+            env.HANGWATCH_POLL_INTERVAL,
+            "Seconds between the agent's FR progress polls.",
+            [AGENT, DEMO],
+        ),
     )
     node_id: str = field(
         default_factory=socket.gethostname,
-        metadata=_opt("--node-id", env.HANGWATCH_NODE_ID, "Name this agent reports for its node.", [AGENT]),
+        metadata=_opt(
+            "--node-id", env.HANGWATCH_NODE_ID, "Name this agent reports for its node.", [AGENT]
+        ),
     )
     max_buffered: int = field(
         default=10_000,
-        metadata=_opt("--max-buffered", env.HANGWATCH_MAX_BUFFERED, "Most FR entries/events an agent holds while the coordinator is unreachable; oldest dropped first.", [AGENT]),
+        metadata=_opt(
+            "--max-buffered",
+            env.HANGWATCH_MAX_BUFFERED,
+            "Most FR entries/events an agent holds while the coordinator is unreachable; oldest dropped first.",
+            [AGENT],
+        ),
     )
     fr_buffer_size: int = field(
         default=2000,
-        metadata=_opt("--fr-buffer-size", env.HANGWATCH_FR_BUFFER_SIZE, "Default TORCH_FR_BUFFER_SIZE the hook sets when the job has none.", [RUN, HOOK]),
+        metadata=_opt(
+            "--fr-buffer-size",
+            env.HANGWATCH_FR_BUFFER_SIZE,
+            "Default TORCH_FR_BUFFER_SIZE the hook sets when the job has none.",
+            [RUN, HOOK],
+        ),
     )
     pyspy: str = field(
         default="py-spy",
-        metadata=_opt("--pyspy", env.HANGWATCH_PYSPY, "py-spy executable used when a rank cannot dump its own stacks.", [AGENT]),
+        metadata=_opt(
+            "--pyspy",
+            env.HANGWATCH_PYSPY,
+            "py-spy executable used when a rank cannot dump its own stacks.",
+            [AGENT],
+        ),
     )
     log_level: str = field(
         default="info",
-        metadata=_opt("--log-level", env.HANGWATCH_LOG_LEVEL, "Logging level: debug, info, warning, error.", [SERVER, AGENT, DEMO, RUN, HOOK]),
+        metadata=_opt(
+            "--log-level",
+            env.HANGWATCH_LOG_LEVEL,
+            "Logging level: debug, info, warning, error.",
+            [SERVER, AGENT, DEMO, RUN, HOOK],
+        ),
     )
 
     def resolved_token(self) -> str | None:
@@ -186,9 +304,13 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
             continue
         help_text = f"{md['help']} [env {md['env']}]"
         if _field_type(f).startswith("bool"):
-            parser.add_argument(md["flag"], dest=f.name, action="store_true", default=None, help=help_text)
+            parser.add_argument(
+                md["flag"], dest=f.name, action="store_true", default=None, help=help_text
+            )
         else:
-            parser.add_argument(md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text)
+            parser.add_argument(
+                md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text
+            )
 
 
 def from_sources(

@@ -34,7 +34,9 @@ def test_generated_stubs_are_current(tmp_path: Path) -> None:
 
 def test_torch_is_not_a_core_dependency() -> None:
     project = _pyproject()["project"]
-    assert not any(d.split("=")[0].split(">")[0].strip() == "torch" for d in project["dependencies"])
+    assert not any(
+        d.split("=")[0].split(">")[0].strip() == "torch" for d in project["dependencies"]
+    )
     assert "torch==2.13.0" in project["optional-dependencies"]["test"]
 
 

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from hangwatch.server.analysis import IsolatedAnalyzer
 
 REPO = Path(__file__).resolve().parents[2]
