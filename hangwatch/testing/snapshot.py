@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from hangwatch import formats
+from hangwatch.analyzer.safepickle import safe_loads
 
 SnapshotFormat = Literal["pickle", "json"]
 SnapshotLayout = Literal["bundle", "plain"]
@@ -143,8 +144,8 @@ def write_snapshot(
     # Private bindings, absent from torch's type stubs.
     c10d: Any = torch._C._distributed_c10d
     raw = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=frames, onlyActive=False)
-    # Our own process's bytes, just produced by torch: trusted input.
-    trace: dict[str, Any] = pickle.loads(raw)
+    # Our own process's bytes, but the project reads every FR pickle one way.
+    trace: dict[str, Any] = safe_loads(raw)  # type: ignore[assignment]
     roots = _path_roots()
     if fmt == "pickle":
         if portable:

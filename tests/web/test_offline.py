@@ -80,10 +80,8 @@ def test_offline_report_of_real_nccl_dumps() -> None:
     """The real analyzer on real 16-GPU NCCL dumps, rendered offline."""
     if not NVRX.is_dir():
         pytest.skip(f"conformance dumps absent: {NVRX} (shared/conformance/nvrx) not found")
-    analyzer = pytest.importorskip("hangwatch.analyzer")
-    analyze_path = getattr(analyzer, "analyze_path", None)
-    if analyze_path is None:
-        pytest.skip("hangwatch.analyzer.analyze_path is not available yet")
+    from hangwatch.analyzer import analyze_path
+
     incidents = sorted(p for p in NVRX.iterdir() if p.is_dir())
     assert incidents, f"no incident folders in {NVRX}"
     report = analyze_path(incidents[0])
