@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -36,6 +37,8 @@ SERVICE = "hangwatch.v1.Coordinator"
 UNAUTHENTICATED_METHODS = frozenset({f"/{SERVICE}/Health"})
 # How often an idle command stream re-checks its session and shutdown.
 STREAM_RECHECK_S = 1.0
+# Incidents whose (job, expected ranks) the upload path keeps at hand.
+INCIDENT_KEY_CACHE = 64
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
@@ -111,6 +114,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self.poll_interval_s = poll_interval_s
         self.max_file_bytes = max_file_bytes
         self.uploads = UploadTracker()
+        self._incident_keys: OrderedDict[str, tuple[str, frozenset[int]]] = OrderedDict()
         self.stopping = threading.Event()
         # Set once the HTTP side is bound; Health reports it.
         self.dashboard_url = ""
@@ -323,17 +327,32 @@ class CoordinatorService(rpc.CoordinatorServicer):
         validate.ident("agent_id", first.agent_id)
         validate.incident_id(first.incident_id)
         validate.file_name(first.file_name)
-        row = await asyncio.to_thread(self.store.get_incident, first.incident_id)
-        if row is None or row.job_id != first.job_id:
+        key = await self._incident_key(first.incident_id)
+        if key is None or key[0] != first.job_id:
             raise _NotFound(f"no incident {first.incident_id!r} for job {first.job_id!r}")
-        if row.ranks_expected and first.rank not in row.ranks_expected:
-            raise Invalid(f"rank {first.rank} is not among incident {row.id}'s ranks")
+        if key[1] and first.rank not in key[1]:
+            raise Invalid(f"rank {first.rank} is not among incident {first.incident_id}'s ranks")
         return FileUpload(
-            incident_dir=self.store.incident_dir(row.id),
+            incident_dir=self.store.incident_dir(first.incident_id),
             incidents_root=self.store.incidents_root,
             first=first,
             max_bytes=self.max_file_bytes,
         )
+
+    async def _incident_key(self, incident_id: str) -> tuple[str, frozenset[int]] | None:
+        """(job, expected ranks) of an incident. A dump uploads three files per
+        rank, thousands per incident: look the row up once, not per file.
+        Both fields are fixed when the incident is created. Event-loop only."""
+        hit = self._incident_keys.get(incident_id)
+        if hit is None:
+            row = await asyncio.to_thread(self.store.get_incident, incident_id)
+            if row is None:
+                return None
+            hit = (row.job_id, frozenset(row.ranks_expected))
+            self._incident_keys[incident_id] = hit
+            while len(self._incident_keys) > INCIDENT_KEY_CACHE:
+                self._incident_keys.popitem(last=False)
+        return hit
 
     async def CompleteDump(
         self, request: pb.DumpResult, context: grpc.aio.ServicerContext[Any, Any]
