@@ -376,13 +376,12 @@ class _Diagnosis:
         in_cycle = {r for c in cycles for r in c}
         blamed = set(roots) - in_cycle
         for c in cycles:
-            sizes = [len(v) for v in self._cycle_sides(c, waits).values()]
-            if len(sizes) < 2 or min(sizes) == max(sizes):
+            sides = list(self._cycle_sides(c, waits).values())
+            smallest = min((len(v) for v in sides), default=0)
+            if len(sides) < 2 or all(len(v) == smallest for v in sides):
                 blamed.update(c)
-                continue
-            blamed.update(
-                r for v in self._cycle_sides(c, waits).values() if len(v) == min(sizes) for r in v
-            )
+            else:
+                blamed.update(r for v in sides if len(v) == smallest for r in v)
         return sorted(blamed)
 
     # ---------- verdict ----------
@@ -608,43 +607,39 @@ class _Diagnosis:
                         else "agent-unreachable"
                     )
                     self.findings.append(
-                        Finding(
-                            kind=kind,
-                            ranks=[r],
-                            group=w0.group,
-                            seq=w0.seq,
-                            detail=f"rank {r} could not be dumped (process state: {state}); {plural(n_wait, 'rank')} wait on it at {where}",
+                        _root_finding(
+                            kind,
+                            r,
+                            w0,
+                            f"rank {r} could not be dumped (process state: {state}); {plural(n_wait, 'rank')} wait on it at {where}",
                         )
                     )
                 else:
                     self.findings.append(
-                        Finding(
-                            kind="missing-dump",
-                            ranks=[r],
-                            group=w0.group,
-                            seq=w0.seq,
-                            detail=f"no dump from rank {r}; {plural(n_wait, 'rank')} wait on it at {where}",
+                        _root_finding(
+                            "missing-dump",
+                            r,
+                            w0,
+                            f"no dump from rank {r}; {plural(n_wait, 'rank')} wait on it at {where}",
                         )
                     )
             elif not self._in_flight(r):
                 self.findings.append(
-                    Finding(
-                        kind="stuck-outside-collective",
-                        ranks=[r],
-                        group=w0.group,
-                        seq=w0.seq,
-                        detail=f"rank {r} finished every collective it enqueued and never entered {where}; "
+                    _root_finding(
+                        "stuck-outside-collective",
+                        r,
+                        w0,
+                        f"rank {r} finished every collective it enqueued and never entered {where}; "
                         f"it is stuck outside any collective (compute, I/O, Python); see its stacks",
                     )
                 )
             else:
                 self.findings.append(
-                    Finding(
-                        kind="not-entered",
-                        ranks=[r],
-                        group=w0.group,
-                        seq=w0.seq,
-                        detail=f"rank {r} never entered {where}, where {plural(n_wait, 'rank')} wait; "
+                    _root_finding(
+                        "not-entered",
+                        r,
+                        w0,
+                        f"rank {r} never entered {where}, where {plural(n_wait, 'rank')} wait; "
                         f"its own older work has not finished although all its peers entered it",
                     )
                 )
@@ -869,6 +864,11 @@ def _wait_key(w: Wait, roots: list[int]) -> tuple[Any, ...]:
 
 def _seq(row: pd.Series) -> int:
     return int(row["p2p_seq_id"] if row["is_p2p"] else row["collective_seq_id"])
+
+
+def _root_finding(kind: str, rank: int, w: Wait, detail: str) -> Finding:
+    """A finding that blames one root rank for the wait it holds up."""
+    return Finding(kind=kind, ranks=[rank], group=w.group, seq=w.seq, detail=detail)
 
 
 def _ranks_word(ranks: list[int]) -> str:
