@@ -166,33 +166,47 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self._ok("Register")
         return pb.RegisterResponse(session_id=session_id, poll_interval_s=self.poll_interval_s)
 
+    async def _apply_known(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        check: Callable[[], None],
+        apply: Callable[[], None],
+    ) -> bool:
+        """Validate then apply an agent report; False when its session is
+        unknown (the ack tells the agent to re-register)."""
+        try:
+            check()
+            apply()
+        except Invalid as e:
+            await self._fail(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StaleSession:
+            self._ok(method)
+            return False
+        self._ok(method)
+        return True
+
     async def ReportProgress(
         self, request: pb.ProgressReport, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ProgressAck:
-        try:
-            validate.progress_report(request)
-            self.registry.report_progress(request)
-        except Invalid as e:
-            await self._fail(context, "ReportProgress", grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except StaleSession:
-            self._ok("ReportProgress")
-            return pb.ProgressAck(known=False)
-        self._ok("ReportProgress")
-        return pb.ProgressAck(known=True)
+        known = await self._apply_known(
+            "ReportProgress",
+            context,
+            lambda: validate.progress_report(request),
+            lambda: self.registry.report_progress(request),
+        )
+        return pb.ProgressAck(known=known)
 
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EntryAck:
-        try:
-            validate.entry_batch(request)
-            self.registry.report_entries(request)
-        except Invalid as e:
-            await self._fail(context, "ReportEntries", grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except StaleSession:
-            self._ok("ReportEntries")
-            return pb.EntryAck(known=False)
-        self._ok("ReportEntries")
-        return pb.EntryAck(known=True)
+        known = await self._apply_known(
+            "ReportEntries",
+            context,
+            lambda: validate.entry_batch(request),
+            lambda: self.registry.report_entries(request),
+        )
+        return pb.EntryAck(known=known)
 
     async def ReportEvent(
         self, request: pb.Event, context: grpc.aio.ServicerContext[Any, Any]
