@@ -20,6 +20,8 @@ from typing import Final
 
 # Process states in which a rank can never finish a collective.
 DEAD_STATES: Final = frozenset({"stopped", "zombie", "gone"})
+# ... and in which it has left the job for good.
+EXITED_STATES: Final = frozenset({"zombie", "gone"})
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -64,7 +66,13 @@ def find_group_stall(
     if not in_flight:
         return None
     seq = min(p.last_completed + 1 for p in in_flight)
-    waiting = sorted(p.rank for p in observed.values() if p.last_enqueued >= seq > p.last_completed)
+    # A rank whose process is gone is not waiting, whatever its last numbers
+    # said: at a normal job end every rank exits with its last report stale.
+    waiting = sorted(
+        p.rank
+        for p in observed.values()
+        if p.last_enqueued >= seq > p.last_completed and p.process_state not in EXITED_STATES
+    )
     not_entered = sorted(p.rank for p in observed.values() if p.last_enqueued < seq)
     dead = sorted(p.rank for p in observed.values() if p.process_state in DEAD_STATES)
     op = next(

@@ -44,10 +44,13 @@ NO_ANSWER = "no answer before deadline"
 RESTARTED = "coordinator restarted before this rank's dump arrived"
 _UNOBSERVED_PREFIXES = (AGENT_UNREACHABLE, NO_ANSWER, RESTARTED)
 
+# Events that open an incident at once. A rank exiting is not one of them:
+# at a normal job end ranks exit while their peers' last reports still show
+# the final collective in flight. The detector's rank-lost rule (peers alive
+# and in flight, no progress for the stall timeout) catches a real crash.
 EVENT_TRIGGERS = {
     pb.EVENT_KIND_WATCHDOG_DUMP: "watchdog",
     pb.EVENT_KIND_COLLECTIVE_TIMEOUT: "timeout",
-    pb.EVENT_KIND_RANK_EXITED: "rank-lost",
 }
 
 Analyze = Callable[[Path, int | None], Report]
@@ -172,10 +175,6 @@ class IncidentManager:
         trigger = EVENT_TRIGGERS.get(ev.kind)
         if trigger is None:
             return ""
-        if ev.kind == pb.EVENT_KIND_RANK_EXITED and not self.registry.any_in_flight(
-            ev.job_id, exclude_ranks=[ev.rank]
-        ):
-            return ""  # a rank leaving a job that is not waiting on anything: normal exit
         key = self.registry.in_flight_key(ev.job_id)
         what = pb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower().replace("_", " ")
         reason = f"{what} on rank {ev.rank}" if ev.rank >= 0 else what

@@ -539,19 +539,6 @@ class JobRegistry:
             ]
             return min(keys, key=lambda k: (k[1], k[0])) if keys else None
 
-    def any_in_flight(self, job_id: str, *, exclude_ranks: Iterable[int] = ()) -> bool:
-        excluded = set(exclude_ranks)
-        with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                return False
-            return any(
-                rg.last_enqueued > rg.last_completed
-                for r in job.ranks.values()
-                if r.rank not in excluded and self._rank_observed(job, r)
-                for rg in r.groups.values()
-            )
-
     def progressed_since(self, job_id: str, t: float) -> bool:
         """Did any rank of the job complete a collective after coordinator time t?"""
         with self._lock:

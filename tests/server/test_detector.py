@@ -86,3 +86,13 @@ def test_same_op_everywhere_with_unknown_ops_is_still_healthy() -> None:
         find_group_stall(group="0", members=range(4), progress=progress, no_progress_for_s=60.0)
         is None
     )
+
+
+def test_a_job_whose_ranks_all_exited_is_not_stalled() -> None:
+    # Normal end of a job: every process is gone, the last reports still show
+    # the final collective in flight on some of them.
+    progress = {r: _p(r, 8, 7 if r else 8, process_state="gone") for r in range(3)}
+    assert (
+        find_group_stall(group="0", members=[0, 1, 2], progress=progress, no_progress_for_s=60)
+        is None
+    )
