@@ -334,6 +334,15 @@ def from_sources(
     return Config(**kwargs)
 
 
+def explicitly_set(
+    ns: argparse.Namespace | None, name: str, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Whether a setting came from its flag or its env var rather than the default."""
+    environ = os.environ if environ is None else environ
+    f = next(f for f in FIELDS if f.name == name)
+    return (ns is not None and getattr(ns, name, None) is not None) or f.metadata["env"] in environ
+
+
 def markdown() -> str:
     """The configuration reference, generated (docs/configuration.md)."""
     lines = [

@@ -91,9 +91,7 @@ def _say(quiet: bool, msg: str) -> None:
 
 
 def _explicit(ns: argparse.Namespace, name: str) -> bool:
-    flag_set = getattr(ns, name, None) is not None
-    env_name = cfg.Config.__dataclass_fields__[name].metadata["env"]
-    return flag_set or env_name in os.environ
+    return cfg.explicitly_set(ns, name)
 
 
 def _config(ns: argparse.Namespace) -> cfg.Config:
