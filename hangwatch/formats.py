@@ -12,6 +12,9 @@ Incident bundle (the agent's local copy and the coordinator's copy alike):
     <bundle>/incident.json             INCIDENT
     <bundle>/rank_<R>/fr_trace_rank_<R>  FR dump bytes exactly as torch produced
                                        them (pickle or JSON; readers sniff)
+    <bundle>/rank_<R>/fr_tail_rank_<R>   the same dump cut to its tail (hangwatch.frtail):
+                                       what a large incident collects first;
+                                       the full file follows on demand
     <bundle>/rank_<R>/meta.json        RANKMETA
     <bundle>/rank_<R>/stacks.txt       Python stacks, all threads (when taken)
 
@@ -49,6 +52,7 @@ HOOK_DIR = "hook"
 FR_DIR = "fr"
 BUNDLES_DIR = "bundles"
 FR_FILE_PREFIX = "fr_trace_rank_"
+FR_TAIL_PREFIX = "fr_tail_rank_"
 META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
 INCIDENT_FILE = "incident.json"
