@@ -181,6 +181,16 @@ class CoordinatorClient:
     def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:
         return self.stub.UploadBundle(chunks, timeout=UPLOAD_DEADLINE_S, metadata=self.metadata)
 
+    def upload_files(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadFilesAck:
+        # gzip: a phase-one stream is mostly JSON and member lists, which
+        # shrink several-fold; the coordinator's gRPC core inflates them.
+        return self.stub.UploadFiles(
+            chunks,
+            timeout=UPLOAD_DEADLINE_S,
+            metadata=self.metadata,
+            compression=grpc.Compression.Gzip,
+        )
+
     def complete_dump(self, result: pb.DumpResult) -> bool:
         ack = self.stub.CompleteDump(result, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
         return bool(ack.accepted)

@@ -31,7 +31,7 @@ from hangwatch.agent import endpoint
 from hangwatch.agent.procstate import process_state, state_name
 from hangwatch.agent.ranks import RankTracker
 
-from hangwatch import formats, hook_protocol
+from hangwatch import formats, frtail, hook_protocol
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -179,6 +179,7 @@ def collect_rank(
     incident_id: str,
     pyspy: str,
     gpu: dict[str, Any],
+    tail_context: int = 0,
 ) -> RankBundle:
     rank = t.rank
     state = process_state(t.pid, t.info.get("proc_starttime"))
@@ -248,6 +249,14 @@ def collect_rank(
                 errors["stacks"] = f"{errors.get('stacks', '')}; py-spy: {e}".lstrip("; ")
     if stacks:
         files[formats.STACKS_FILE] = stacks.encode()
+    if tail_context > 0 and fr_name in files:
+        try:
+            files[f"{formats.FR_TAIL_PREFIX}{rank}"] = frtail.tail_bytes(
+                files[fr_name], context=tail_context
+            )
+        except ValueError as e:
+            # The whole dump goes up instead: slower, never less evidence.
+            errors["fr_tail"] = f"cannot cut a tail: {e}"
 
     failure = ""
     if sources["fr"] == "none":

@@ -47,6 +47,9 @@ class PendingDump:
     uploaded: set[tuple[int, str]] = field(default_factory=set)
     upload_errors: dict[int, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # > 0: phase one of a large incident: FR tails, metas and stacks of every
+    # local rank go up in one UploadFiles stream; full dumps stay here.
+    tail_context: int = 0
 
 
 @dataclass
@@ -340,12 +343,15 @@ class Agent:
                 log.exception("dump command failed")
 
     def handle_command(self, cmd: pb.Command) -> PendingDump | None:
-        if cmd.kind != pb.COMMAND_KIND_DUMP:
+        if cmd.kind not in (pb.COMMAND_KIND_DUMP, pb.COMMAND_KIND_UPLOAD_FULL):
             log.warning("ignoring unknown command kind %d", cmd.kind)
             return None
         iid = cmd.incident_id
         if not _INCIDENT_ID_RE.match(iid) or ".." in iid:
             log.error("refusing dump command with unsafe incident id %r", iid[:80])
+            return None
+        if cmd.kind == pb.COMMAND_KIND_UPLOAD_FULL:
+            self.upload_full(iid, list(cmd.ranks))
             return None
         if iid in self._collected:
             log.info("incident %s already collected; finishing its upload", iid)
@@ -356,7 +362,7 @@ class Agent:
             return p
         log.info("dump for incident %s (%s)", iid, cmd.reason)
         t0 = time.monotonic()
-        p = self.collect(iid)
+        p = self.collect(iid, tail_context=cmd.tail_context)
         log.info(
             "incident %s: collected %d ranks in %.2fs",
             iid,
@@ -366,7 +372,7 @@ class Agent:
         self._try_finish(p)
         return p
 
-    def collect(self, incident_id: str) -> PendingDump:
+    def collect(self, incident_id: str, *, tail_context: int = 0) -> PendingDump:
         with self._lock:
             trackers = list(self.trackers.values())
         gpu = collector.gpu_snapshot()
@@ -378,11 +384,12 @@ class Agent:
                 incident_id=incident_id,
                 pyspy=self.cfg.pyspy,
                 gpu=gpu,
+                tail_context=tail_context,
             )
             for t in trackers
         ]
         bundles = [f.result() for f in futures]
-        p = PendingDump(incident_id=incident_id, bundles=bundles)
+        p = PendingDump(incident_id=incident_id, bundles=bundles, tail_context=tail_context)
         with self._pending_lock:
             self.pending[incident_id] = p
         self._collected.add(incident_id)
@@ -396,11 +403,70 @@ class Agent:
                 "incident %s: upload deferred (%s); kept in %s", p.incident_id, e, self.run_dir
             )
 
+    def _upload_phase_one(self, p: PendingDump) -> None:
+        """Every local rank's tail (or its whole FR when no tail could be cut),
+        meta and stacks in one stream; the full FR files are marked done here
+        and wait on disk for an UPLOAD_FULL."""
+        todo: list[tuple[str, int]] = []
+        for b in p.bundles:
+            tail = f"{formats.FR_TAIL_PREFIX}{b.rank}"
+            full = f"{formats.FR_FILE_PREFIX}{b.rank}"
+            for name in b.files:
+                if name == full and tail in b.files:
+                    p.uploaded.add((b.rank, name))
+                elif (b.rank, name) not in p.uploaded:
+                    todo.append((os.path.join(b.directory, name), b.rank))
+        if not todo:
+            return
+        try:
+            uploader.upload_files(self.client, todo, incident_id=p.incident_id)
+        except RuntimeError as e:
+            log.warning("incident %s: %s; uploading file by file", p.incident_id, e)
+            return
+        except grpc.RpcError as e:
+            if e.code() not in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.DATA_LOSS,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ):
+                raise
+            # Refused as a batch: the per-file path below retries each file
+            # on its own, so one bad file cannot sink the node's evidence.
+            log.warning(
+                "incident %s: batched upload refused (%s: %s); uploading file by file",
+                p.incident_id,
+                e.code().name,
+                e.details(),
+            )
+            return
+        for path, rank in todo:
+            p.uploaded.add((rank, os.path.basename(path)))
+
+    def upload_full(self, incident_id: str, ranks: list[int]) -> list[int]:
+        """Phase two: the full FR dumps this node kept, for the ranks asked."""
+        sent: list[int] = []
+        for r in ranks:
+            path = os.path.join(
+                collector.rank_dir(self.run_dir, incident_id, r), f"{formats.FR_FILE_PREFIX}{r}"
+            )
+            if not os.path.isfile(path):
+                continue  # not one of ours, or the rank left no dump
+            try:
+                uploader.upload_file(self.client, path, incident_id=incident_id, rank=r)
+                sent.append(r)
+            except (grpc.RpcError, RuntimeError) as e:
+                log.warning("incident %s: full FR of rank %d not uploaded: %s", incident_id, r, e)
+        log.info("incident %s: uploaded full FR dumps of ranks %s", incident_id, sent)
+        return sent
+
     def _finish_dump(self, p: PendingDump) -> None:
         """Upload what is left of the bundle, then CompleteDump. Raises on network errors."""
         if not p.lock.acquire(blocking=False):
             return  # another thread is on it
         try:
+            if p.tail_context:
+                self._upload_phase_one(p)
             for b in p.bundles:
                 for name in b.files:
                     if (b.rank, name) in p.uploaded:

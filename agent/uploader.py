@@ -76,3 +76,26 @@ def upload_file(
             f"{path}: coordinator stored {ack.bytes_stored} bytes but did not complete it"
         )
     return ack
+
+
+def upload_files(
+    client: CoordinatorClient, files: list[tuple[str, int]], *, incident_id: str
+) -> pb.UploadFilesAck:
+    """Several small files, (path, rank) each, in one UploadFiles stream."""
+    size = chunk_size(client.cfg.max_message_bytes)
+
+    def chunks() -> Iterator[pb.BundleChunk]:
+        for path, rank in files:
+            yield from file_chunks(
+                path,
+                job_id=client.cfg.job_id,
+                agent_id=client.agent_id,
+                incident_id=incident_id,
+                rank=rank,
+                size=size,
+            )
+
+    ack = client.upload_files(chunks())
+    if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
+        raise RuntimeError(f"coordinator acked {len(ack.files)} of {len(files)} files complete")
+    return ack

@@ -108,6 +108,27 @@ class Config:
             [SERVER, DEMO],
         ),
     )
+    full_dump_max_ranks: int = field(
+        default=256,
+        metadata=_opt(
+            "--full-dump-max-ranks",
+            env.HANGWATCH_FULL_DUMP_MAX_RANKS,
+            "Incidents of up to this many ranks collect every rank's full FR dump at once. Larger"
+            " ones collect FR tails first (one stream per node) and then the full dumps of the"
+            " lagging ranks; the rest stay on the nodes.",
+            [SERVER],
+        ),
+    )
+    tail_context: int = field(
+        default=8,
+        metadata=_opt(
+            "--tail-context",
+            env.HANGWATCH_TAIL_CONTEXT,
+            "Finished FR entries per process group kept before a rank's oldest unfinished one"
+            " when an incident collects tails.",
+            [SERVER],
+        ),
+    )
     agent_lost_timeout: float = field(
         default=10.0,
         metadata=_opt(

@@ -36,7 +36,7 @@ HOOK_EVENT = "hangwatch.hookevent/1"
 
 INCIDENT = "hangwatch.incident/1"
 # {"schema", "id", "job_id", "reason", "created_unix", "trigger": {...},
-#  "ranks_expected": [...], "ranks_dumped": [...],
+#  "ranks_expected": [...], "tail_context": int, "ranks_dumped": [...],
 #  "ranks_unreachable": {"<rank>": "<reason>"}}
 
 RANKMETA = "hangwatch.rankmeta/1"

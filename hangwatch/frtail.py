@@ -30,15 +30,36 @@ def _finished(e: Mapping[str, Any]) -> bool:
     return e.get("state") == "completed" or e.get("retired") is True
 
 
+_P2P_OPS: Final = frozenset({"send", "recv", "isend", "irecv"})
+
+
+def _is_p2p(e: Mapping[str, Any]) -> bool:
+    flag = e.get("is_p2p")
+    if flag is not None:
+        return bool(flag)
+    # FR 2.0 has no is_p2p; the analyzer then reads it from the op name, and
+    # the streams here must be the ones it sees.
+    name = e.get("profiling_name")
+    if not isinstance(name, str):
+        return False
+    op = name.partition(":")[2] if ":" in name else name
+    return op.strip().split(" ", 1)[0] in _P2P_OPS
+
+
 def _group_key(e: Mapping[str, Any]) -> Any:
     pg = e.get("process_group")
     name = pg[0] if isinstance(pg, (list, tuple)) and pg else pg
     # p2p and collectives of one group count separately: their seq ids do.
-    return (str(name) if name is not None else e.get("pg_id"), bool(e.get("is_p2p")))
+    return (str(name) if name is not None else e.get("pg_id"), _is_p2p(e))
 
 
 def tail_entries(entries: list[Any], *, context: int = DEFAULT_CONTEXT) -> list[Any]:
-    """The entries worth shipping, in their original order."""
+    """The entries worth shipping, in their original order.
+
+    Per stream (a group's collectives, or its p2p ops): every entry from the
+    oldest unfinished one on, `context` finished ones before it, and always
+    at least the newest entry.
+    """
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
     by_group: dict[Any, list[int]] = {}
@@ -55,7 +76,12 @@ def tail_entries(entries: list[Any], *, context: int = DEFAULT_CONTEXT) -> list[
             ),
             len(idxs),
         )
-        keep.update(idxs[max(0, min(first_open, len(idxs)) - context) :])
+        # A stream's newest entry is kept even at context 0: it alone tells
+        # the analyzer that the group carries p2p (so pg_status counters there
+        # are not collective ones), the rank's counter in the group, and which
+        # pg_id names the group. Without it a finished p2p stream vanishes and
+        # a rank that never entered a collective looks as if it had.
+        keep.update(idxs[min(max(0, first_open - context), len(idxs) - 1) :])
     return [e for i, e in enumerate(entries) if i in keep]
 
 
@@ -67,13 +93,52 @@ def tail_dump(dump: Mapping[str, Any], *, context: int = DEFAULT_CONTEXT) -> dic
     """
     out = dict(dump)
     entries = dump.get("entries")
-    if not isinstance(entries, list):
-        return out
-    kept = tail_entries(entries, context=context)
-    out["entries"] = kept
-    out[TAIL_KEY] = {"context": context, "entries_total": len(entries), "entries_kept": len(kept)}
+    total = 0
+    if isinstance(entries, list):
+        out["entries"] = tail_entries(entries, context=context)
+        total = len(entries)
+    # Marked even when there was nothing to cut: the reader must still know
+    # that a full dump of the same rank is the one to use.
+    kept = out.get("entries")
+    out[TAIL_KEY] = {
+        "context": context,
+        "entries_total": total,
+        "entries_kept": len(kept) if isinstance(kept, list) else 0,
+    }
     return out
 
 
 def is_tail(dump: Mapping[str, Any]) -> bool:
     return isinstance(dump.get(TAIL_KEY), Mapping)
+
+
+def tail_bytes(data: bytes, *, context: int = DEFAULT_CONTEXT) -> bytes:
+    """A dump file's tail, in the file's own encoding (JSON stays JSON, pickle
+    becomes a protocol-2 pickle). Pickles are read with the analyzer's
+    unpickler, which refuses every global. Raises ValueError on anything that
+    is not a dump; the caller then ships the whole file instead.
+    """
+    import json
+    import pickle
+
+    from hangwatch.analyzer.safepickle import safe_loads
+
+    head = data[:64].lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"invalid JSON: {e}") from e
+        as_json = True
+    else:
+        try:
+            obj = safe_loads(data)
+        except RecursionError as e:
+            raise ValueError("structure nests too deeply") from e
+        as_json = False
+    if not isinstance(obj, dict) or "entries" not in obj:
+        raise ValueError("not a flight-recorder dump (no 'entries')")
+    out = tail_dump(obj, context=context)
+    if as_json:
+        return json.dumps(out, separators=(",", ":")).encode()
+    return pickle.dumps(out, protocol=2)

@@ -104,6 +104,8 @@ class Coordinator:
             dump_deadline=config.dump_deadline,
             analyze=analyze,
             tick_s=tick_s,
+            full_dump_max_ranks=config.full_dump_max_ranks,
+            tail_context=config.tail_context,
         )
         self.service = CoordinatorService(
             registry=self.registry,

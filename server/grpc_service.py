@@ -19,6 +19,14 @@ from typing import Any, NoReturn
 
 import grpc
 from hangwatch.server import validate
+from hangwatch.server.batch_uploads import (
+    FileBatch,
+    GroupSync,
+    HeldBytes,
+    discard,
+    rename_in,
+    write_parts,
+)
 from hangwatch.server.incidents import IncidentManager
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry, StaleSession
@@ -114,6 +122,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self.poll_interval_s = poll_interval_s
         self.max_file_bytes = max_file_bytes
         self.uploads = UploadTracker()
+        self.held = HeldBytes()
+        self.group_sync = GroupSync(store.incidents_root)
         self._incident_keys: OrderedDict[str, tuple[str, frozenset[int]]] = OrderedDict()
         self.stopping = threading.Event()
         # Set once the HTTP side is bound; Health reports it.
@@ -255,7 +265,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
                 "unknown session: re-register",
             )
         self._streams.add(wake)
-        delivered: set[str] = set()
+        delivered: set[tuple[str, int]] = set()
         try:
             while not self.stopping.is_set():
                 wake.clear()
@@ -267,8 +277,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
                     return  # a newer Register replaced this session; the agent opens a new stream
                 now = self.registry.now()
                 for cmd in cmds:
-                    if cmd.incident_id not in delivered:
-                        delivered.add(cmd.incident_id)
+                    if (cmd.incident_id, cmd.kind) not in delivered:
+                        delivered.add((cmd.incident_id, cmd.kind))
                         yield cmd.to_pb(now)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=STREAM_RECHECK_S)
@@ -336,16 +346,95 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self.metrics.inc("hangwatch_upload_files_total", labels={"outcome": "rejected"})
         await self._fail(context, "UploadBundle", *error)
 
-    async def _begin_upload(self, first: pb.BundleChunk) -> FileUpload:
+    async def UploadFiles(
+        self,
+        request_iterator: AsyncIterator[pb.BundleChunk],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.UploadFilesAck:
+        batch = FileBatch(held=self.held, max_file_bytes=self.max_file_bytes)
+        error: tuple[grpc.StatusCode, str] | None = None
+        try:
+            incident_id = ""
+            async for chunk in request_iterator:
+                if batch.current is None:
+                    await self._check_upload(chunk)
+                    if incident_id and chunk.incident_id != incident_id:
+                        raise Invalid("one UploadFiles stream carries one incident's files")
+                    incident_id = chunk.incident_id
+                    batch.start(chunk)
+                batch.add(chunk)
+            if batch.current is not None:
+                raise Invalid(f"stream ended inside {batch.current.key.file_name}")
+            acks = await self._store_batch(incident_id, batch) if batch.files else []
+            self._ok("UploadFiles")
+            return pb.UploadFilesAck(files=acks)
+        except Invalid as e:
+            error = (grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except UploadError as e:
+            error = (grpc.StatusCode[e.code], str(e))
+        except _NotFound as e:
+            error = (grpc.StatusCode.NOT_FOUND, str(e))
+        except OSError as e:
+            # A full or read-only data dir: the agent keeps its copy and retries.
+            error = (grpc.StatusCode.UNAVAILABLE, f"cannot store the files: {e}")
+        finally:
+            batch.release()
+        self.metrics.inc(
+            "hangwatch_upload_files_total", len(batch.files) or 1, labels={"outcome": "rejected"}
+        )
+        await self._fail(context, "UploadFiles", *error)
+
+    async def _store_batch(self, incident_id: str, batch: FileBatch) -> list[pb.UploadAck]:
+        incident_dir = self.store.incident_dir(incident_id)
+        written, duplicate = await asyncio.to_thread(write_parts, incident_dir, batch.files)
+        try:
+            # Bytes durable before the names appear, names durable before the
+            # ack: a crash leaves either no file or a whole one.
+            await self.group_sync.flush()
+            await asyncio.to_thread(rename_in, written)
+            await self.group_sync.flush()
+        except BaseException:
+            await asyncio.to_thread(discard, written)
+            raise
+        stored = sum(1 for d in duplicate if not d)
+        self.metrics.inc("hangwatch_upload_files_total", stored, labels={"outcome": "stored"})
+        if stored < len(duplicate):
+            self.metrics.inc(
+                "hangwatch_upload_files_total",
+                len(duplicate) - stored,
+                labels={"outcome": "duplicate"},
+            )
+        self.metrics.inc(
+            "hangwatch_upload_bytes_total",
+            sum(f.size for f, d in zip(batch.files, duplicate, strict=True) if not d),
+        )
+        return [
+            pb.UploadAck(
+                incident_id=f.key.incident_id,
+                rank=f.key.rank,
+                file_name=f.key.file_name,
+                bytes_stored=f.size,
+                complete=True,
+                duplicate=d,
+            )
+            for f, d in zip(batch.files, duplicate, strict=True)
+        ]
+
+    async def _check_upload(self, first: pb.BundleChunk) -> None:
+        """The first chunk of a file names a job, agent, incident and rank that fit."""
         validate.ident("job_id", first.job_id)
         validate.ident("agent_id", first.agent_id)
         validate.incident_id(first.incident_id)
         validate.file_name(first.file_name)
+        validate.rank(first.rank)
         key = await self._incident_key(first.incident_id)
         if key is None or key[0] != first.job_id:
             raise _NotFound(f"no incident {first.incident_id!r} for job {first.job_id!r}")
         if key[1] and first.rank not in key[1]:
             raise Invalid(f"rank {first.rank} is not among incident {first.incident_id}'s ranks")
+
+    async def _begin_upload(self, first: pb.BundleChunk) -> FileUpload:
+        await self._check_upload(first)
         return FileUpload(
             incident_dir=self.store.incident_dir(first.incident_id),
             incidents_root=self.store.incidents_root,

@@ -64,8 +64,11 @@ def default_analyze(path: Path, world_size: int | None) -> Report:
 
 
 def _fr_stored(bundle: Path, rank: int) -> bool:
-    """The rank's FR file is in place (uploads are renamed in only when whole)."""
-    return (bundle / f"rank_{rank}" / f"{formats.FR_FILE_PREFIX}{rank}").is_file()
+    """The rank's FR file, full or tail, is in place (uploads are renamed in only when whole)."""
+    d = bundle / f"rank_{rank}"
+    return (d / f"{formats.FR_FILE_PREFIX}{rank}").is_file() or (
+        d / f"{formats.FR_TAIL_PREFIX}{rank}"
+    ).is_file()
 
 
 def fmt_ranks(ranks: list[int] | set[int]) -> str:
@@ -101,6 +104,7 @@ class _Collecting:
     answered_agents: set[str] = field(default_factory=set)
     trigger_info: dict[str, Any] = field(default_factory=dict)
     finalizing: bool = False
+    tail_context: int = 0  # > 0: agents upload FR tails first (two-phase collection)
 
     def accounted(self) -> bool:
         return self.expected <= (self.dumped | set(self.unreachable))
@@ -117,6 +121,8 @@ class IncidentManager:
         dump_deadline: float,
         analyze: Analyze = default_analyze,
         tick_s: float | None = None,
+        full_dump_max_ranks: int = 256,
+        tail_context: int = 8,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -124,6 +130,8 @@ class IncidentManager:
         self.stall_timeout = stall_timeout
         self.dump_deadline = dump_deadline
         self._analyze = analyze
+        self.full_dump_max_ranks = full_dump_max_ranks
+        self.tail_context = max(0, tail_context)
         # The tick is the detector's share of detection latency: a tenth of the
         # timeout, at most half a second (a pass costs ~50 ms at 4,096 ranks).
         self._tick_s = tick_s if tick_s is not None else min(0.5, max(0.05, stall_timeout / 10))
@@ -369,6 +377,11 @@ class IncidentManager:
                 asked=agents,
                 unreachable={r: why for r, why in unreachable.items() if r in expected},
                 trigger_info=info,
+                # Above this size full dumps cost more to collect than the
+                # verdict is worth waiting for (docs/scaling.md); tails first.
+                tail_context=(
+                    max(1, self.tail_context) if len(expected) > self.full_dump_max_ranks else 0
+                ),
             )
             self._collecting[row.id] = inc
             self._last.pop(job_id, None)
@@ -385,6 +398,7 @@ class IncidentManager:
             reason=reason,
             deadline_s=self.dump_deadline,
             expires=inc.deadline,
+            tail_context=inc.tail_context,
         )
         # Commands first: the agents keep their own copies of the dumps, so a
         # data dir that cannot take incident.json right now loses nothing.
@@ -406,8 +420,9 @@ class IncidentManager:
             self._futures.add(fut)
 
     def _finalize(self, inc: _Collecting) -> None:
+        report: Report | None = None
         try:
-            self._finalize_inner(inc)
+            report = self._finalize_inner(inc)
         except Exception as e:
             log.exception("incident %s: finalizing failed", inc.incident_id)
             try:
@@ -427,8 +442,37 @@ class IncidentManager:
             if key is not None:
                 # Whatever the job is stuck on now was covered by this incident.
                 self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
+            if report is not None and inc.tail_context:
+                self._ask_full(inc, report)
 
-    def _finalize_inner(self, inc: _Collecting) -> None:
+    def _ask_full(self, inc: _Collecting, report: Report) -> None:
+        """Phase two: the lagging ranks' full FR history, for whoever reads the
+        incident next. Only theirs: the verdict is already stored, and the
+        other ranks' history stays on their nodes (docs/scaling.md)."""
+        wanted = set(report.lagging_ranks)
+        if not wanted:
+            return
+        expires = self.registry.now() + max(self.dump_deadline, 60.0)
+        for agent_id, ranks in inc.asked.items():
+            mine = tuple(sorted(wanted.intersection(ranks)))
+            if mine:
+                self.registry.push_command(
+                    inc.job_id,
+                    agent_id,
+                    Command(
+                        kind=pb.COMMAND_KIND_UPLOAD_FULL,
+                        incident_id=inc.incident_id,
+                        reason=f"full FR history of lagging rank(s) {fmt_ranks(list(mine))}",
+                        deadline_s=expires - self.registry.now(),
+                        expires=expires,
+                        ranks=mine,
+                    ),
+                )
+        log.info(
+            "incident %s: asked for the full FR dumps of %s", inc.incident_id, fmt_ranks(wanted)
+        )
+
+    def _finalize_inner(self, inc: _Collecting) -> Report:
         # A rank whose FR file was stored (uploads land atomically) is dumped
         # even if its agent's CompleteDump missed the deadline: at thousands
         # of ranks collection can outlast it, and the evidence is on disk.
@@ -478,6 +522,7 @@ class IncidentManager:
             detection_s,
             report.summary,
         )
+        return report
 
     # ---- bundle files ---------------------------------------------------------------
 
@@ -505,6 +550,8 @@ class IncidentManager:
                 "trigger": inc.trigger_info,
                 "world_size": inc.world_size,
                 "ranks_expected": sorted(inc.expected),
+                # > 0: ranks' FR dumps were collected as tails (hangwatch.frtail).
+                "tail_context": inc.tail_context,
             }
         doc["ranks_dumped"] = sorted(dumped if dumped is not None else inc.dumped)
         doc["ranks_unreachable"] = {

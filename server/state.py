@@ -138,6 +138,8 @@ class Command:
     reason: str
     deadline_s: float
     expires: float  # coordinator monotonic
+    tail_context: int = 0
+    ranks: tuple[int, ...] = ()
 
     def to_pb(self, now: float) -> pb.Command:
         return pb.Command(
@@ -145,6 +147,8 @@ class Command:
             incident_id=self.incident_id,
             reason=self.reason,
             deadline_s=max(0.0, self.expires - now),
+            tail_context=self.tail_context,
+            ranks=self.ranks,
         )
 
 

@@ -202,3 +202,72 @@ def test_agent_end_to_end_with_the_real_coordinator(hang_job: Job, tmp_path: Pat
             theirs = (incident_dir / f"rank_{rank}" / name).read_bytes()
             assert hashlib.sha256(mine).digest() == hashlib.sha256(theirs).digest()
     assert agent.polls >= 3
+
+
+@pytest.mark.timeout(90)
+def test_agent_two_phase_collection_with_the_real_coordinator(
+    hang_job: Job, tmp_path: Path
+) -> None:
+    """full_dump_max_ranks=0 forces a small job down the large-job path: tails,
+    metas and stacks first in one stream, then the lagging rank's full dump."""
+    from hangwatch.server.coordinator import Coordinator
+
+    server_cfg = Config(
+        data_dir=str(tmp_path / "data"),
+        grpc_port=0,
+        http_port=0,
+        stall_timeout=1.0,
+        dump_deadline=20.0,
+        full_dump_max_ranks=0,
+        tail_context=2,
+    )
+    with Coordinator(server_cfg) as coord:
+        cfg = Config(
+            coordinator=coord.grpc_address,
+            run_dir=str(hang_job.run_dir),
+            poll_interval=0.3,
+            job_id="live2",
+            node_id="node-b",
+            pyspy=PYSPY,
+        )
+        agent = Agent(cfg)
+        th = threading.Thread(target=agent.run, daemon=True)
+        th.start()
+        try:
+            incident_dir: Path | None = None
+            full = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.3)
+                for d in (tmp_path / "data").rglob("incident.json"):
+                    incident_dir = d.parent
+                if incident_dir is not None:
+                    full = incident_dir / "rank_1" / "fr_trace_rank_1"
+                    if full.is_file():
+                        break
+            assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
+            assert full is not None and full.is_file(), sorted(
+                str(p.relative_to(incident_dir)) for p in incident_dir.rglob("*")
+            )
+            row = coord.store.get_incident(incident_dir.name)
+            assert row is not None and row.report is not None
+            assert row.report.lagging_ranks == [1], row.report.summary
+            uploads = coord.metrics.render_prometheus()
+        finally:
+            agent.stop.set()
+            th.join(10)
+            assert not th.is_alive()
+    inc = json.loads((incident_dir / "incident.json").read_text())
+    assert inc["tail_context"] == 2 and sorted(inc["ranks_dumped"]) == [0, 1]
+    # Rank 0 is not lagging: its full history stayed on the node.
+    assert not (incident_dir / "rank_0" / "fr_trace_rank_0").exists()
+    local = hang_job.run_dir / "bundles" / incident_dir.name
+    for rank in (0, 1):
+        for name in (f"fr_tail_rank_{rank}", "meta.json", "stacks.txt"):
+            mine = (local / f"rank_{rank}" / name).read_bytes()
+            assert mine == (incident_dir / f"rank_{rank}" / name).read_bytes(), name
+        tail = parse_dump_bytes((local / f"rank_{rank}" / f"fr_tail_rank_{rank}").read_bytes())
+        whole = parse_dump_bytes((local / f"rank_{rank}" / f"fr_trace_rank_{rank}").read_bytes())
+        assert 0 < len(tail["entries"]) < len(whole["entries"])
+    assert (local / "rank_1" / "fr_trace_rank_1").read_bytes() == full.read_bytes()
+    assert 'hangwatch_grpc_requests_total{code="OK",method="UploadFiles"} 1' in uploads

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +18,18 @@ STALL_TIMEOUT = 2.0
 
 @pytest.fixture(scope="session")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("coord")
+    with coordinator_process(tmp_path_factory.mktemp("coord")) as info:
+        yield info
+
+
+@contextlib.contextmanager
+def coordinator_process(data: Path, *extra: str) -> Iterator[dict[str, str]]:
+    """A real `hangwatch server` on port 0; fails the test if it exits badly."""
     log = (data / "server.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hangwatch", "server", "--grpc-port", "0", "--http-port", "0",
-         "--data-dir", str(data), "--stall-timeout", str(STALL_TIMEOUT), "--dump-deadline", "15"],
+         "--data-dir", str(data), "--stall-timeout", str(STALL_TIMEOUT), "--dump-deadline", "15",
+         *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     info_path = data / "server.json"

@@ -28,6 +28,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
     COMMAND_KIND_DUMP: _ClassVar[CommandKind]
+    COMMAND_KIND_UPLOAD_FULL: _ClassVar[CommandKind]
 PROCESS_STATE_UNSPECIFIED: ProcessState
 PROCESS_STATE_RUNNING: ProcessState
 PROCESS_STATE_STOPPED: ProcessState
@@ -41,6 +42,7 @@ EVENT_KIND_RANK_EXITED: EventKind
 EVENT_KIND_RANK_UNRESPONSIVE: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_DUMP: CommandKind
+COMMAND_KIND_UPLOAD_FULL: CommandKind
 
 class GroupInfo(_message.Message):
     __slots__ = ("name", "desc", "pg_id", "ranks")
@@ -237,16 +239,20 @@ class WatchRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("kind", "incident_id", "reason", "deadline_s")
+    __slots__ = ("kind", "incident_id", "reason", "deadline_s", "tail_context", "ranks")
     KIND_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    TAIL_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     kind: CommandKind
     incident_id: str
     reason: str
     deadline_s: float
-    def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+    tail_context: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ..., tail_context: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BundleChunk(_message.Message):
     __slots__ = ("job_id", "agent_id", "incident_id", "rank", "file_name", "offset", "data", "last", "sha256", "total_size")
@@ -287,6 +293,12 @@ class UploadAck(_message.Message):
     complete: bool
     duplicate: bool
     def __init__(self, incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., bytes_stored: _Optional[int] = ..., complete: _Optional[bool] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class UploadFilesAck(_message.Message):
+    __slots__ = ("files",)
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    files: _containers.RepeatedCompositeFieldContainer[UploadAck]
+    def __init__(self, files: _Optional[_Iterable[_Union[UploadAck, _Mapping]]] = ...) -> None: ...
 
 class DumpResult(_message.Message):
     __slots__ = ("job_id", "agent_id", "incident_id", "ranks_dumped", "failures")

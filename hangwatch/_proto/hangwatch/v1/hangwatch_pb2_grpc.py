@@ -67,6 +67,11 @@ class CoordinatorStub:
                 request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
                 response_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadAck.FromString,
                 _registered_method=True)
+        self.UploadFiles = channel.stream_unary(
+                '/hangwatch.v1.Coordinator/UploadFiles',
+                request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
+                response_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.FromString,
+                _registered_method=True)
         self.CompleteDump = channel.unary_unary(
                 '/hangwatch.v1.Coordinator/CompleteDump',
                 request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.DumpResult.SerializeToString,
@@ -131,6 +136,18 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadFiles(self, request_iterator, context):
+        """Many small files of one agent's bundle (every local rank's) in one
+        stream: phase one of a large incident, where one stream per file would
+        cost the coordinator more than the bytes do. A file is the chunks from
+        its first (offset 0) to its `last`; the next chunk starts the next file.
+        Each file is idempotent as in UploadBundle. The coordinator stores the
+        files of a stream together and acks them all at the end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompleteDump(self, request, context):
         """The agent tells the coordinator it finished (or failed) a dump command.
         """
@@ -177,6 +194,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.UploadBundle,
                     request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.FromString,
                     response_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadAck.SerializeToString,
+            ),
+            'UploadFiles': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadFiles,
+                    request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.FromString,
+                    response_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.SerializeToString,
             ),
             'CompleteDump': grpc.unary_unary_rpc_method_handler(
                     servicer.CompleteDump,
@@ -354,6 +376,33 @@ class Coordinator:
             '/hangwatch.v1.Coordinator/UploadBundle',
             hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
             hangwatch_dot_v1_dot_hangwatch__pb2.UploadAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadFiles(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/hangwatch.v1.Coordinator/UploadFiles',
+            hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
+            hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.FromString,
             options,
             channel_credentials,
             insecure,
