@@ -111,6 +111,9 @@ class LoadedDumps:
     files: dict[int, str] = field(default_factory=dict)  # rank -> relative path loaded
     world_size: int | None = None
     selected_ranks: set[int] | None = None  # None: every rank found was loaded
+    # Ranks read from a tail (hangwatch.frtail) because no full dump of theirs
+    # was there: their older history is absent by design, not lost.
+    tail_ranks: list[int] = field(default_factory=list)
 
     @property
     def backend(self) -> str:
@@ -585,13 +588,18 @@ def load_dumps(
     )
 
     by_rank: dict[int, tuple[_Candidate, ParsedDump]] = {}
-    for cand, parsed, err in results:
+    # Full dumps first: phase two of a collection brings a rank's full dump
+    # next to its tail (hangwatch.frtail), and the full one holds everything
+    # the tail does. Only two dumps of the same kind are a conflict.
+    for cand, parsed, err in sorted(results, key=lambda x: x[1] is not None and x[1].tail):
         if parsed is None:
             errors.append(FileError(file=cand.rel, error=err or "unreadable"))
             continue
         prev = by_rank.get(cand.rank)
         if prev is None:
             by_rank[cand.rank] = (cand, parsed)
+            continue
+        if parsed.tail and not prev[1].tail:
             continue
         keep_new = (parsed.n_entries, cand.mtime) > (prev[1].n_entries, prev[0].mtime)
         kept, dropped = ((cand, parsed), prev) if keep_new else (prev, (cand, parsed))
@@ -658,4 +666,5 @@ def load_dumps(
         files={r: by_rank[r][0].rel for r in ranks},
         world_size=world_size,
         selected_ranks=selected,
+        tail_ranks=[r for r in ranks if by_rank[r][1].tail],
     )

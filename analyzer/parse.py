@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 from hangwatch.analyzer.safepickle import UnsafePickleError, safe_loads
 
+from hangwatch.frtail import is_tail
+
 MAX_ENTRIES_PER_FILE = 5_000_000
 # Frames are big; keep them only for the entries evidence can point at.
 MAX_FRAMED_ENTRIES_PER_FILE = 64
@@ -103,6 +105,8 @@ class ParsedDump:
     columns: dict[str, Any]
     n_entries: int
     frames: dict[int, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
+    # Cut by hangwatch.frtail: a full dump of the same rank supersedes it.
+    tail: bool = False
 
 
 def sniff_and_decode(data: bytes) -> Any:
@@ -723,6 +727,7 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
         columns=columns,
         n_entries=n,
         frames=frames,
+        tail=is_tail(raw),
     )
 
 
