@@ -93,11 +93,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stall_timeout=args.stall_timeout,
         dump_deadline=args.dump_deadline,
         agent_lost_timeout=args.agent_lost_timeout,
+        extra_args=["--full-dump-max-ranks", str(args.full_dump_max_ranks)],
     )
     pid = coord.pid
     sampler = CpuSampler(pid)
     fleet = Fleet(
-        target=coord.grpc, job_id=job, ranks=args.ranks, procs=args.procs, entries=args.entries
+        target=coord.grpc,
+        job_id=job,
+        ranks=args.ranks,
+        procs=args.procs,
+        entries=args.entries,
+        prehash_full=args.ranks <= args.full_dump_max_ranks,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -178,6 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "api_seen_after_store_s": round(t_stored - updated, 3),
             "bytes_uploaded": st["bytes_uploaded"],
             "files_uploaded": st["files_uploaded"],
+            "two_phase": st["tail_dumps"] > 0,
+            "full_uploads": st["full_uploads"],
             "incident_cpu": sampler.window(created, updated),
             "fanout_cpu": sampler.window(created, st["last_done_at"] or updated),
             "fanout_fleet_cores": round(
@@ -270,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent-lost-timeout", type=float, default=30.0)
     p.add_argument("--procs", type=int, default=2, help="processes the simulated agents run in")
     p.add_argument("--entries", type=int, default=2000, help="FR entries per rank dump")
+    p.add_argument(
+        "--full-dump-max-ranks",
+        type=int,
+        default=256,
+        help="the coordinator's setting: larger incidents collect FR tails first",
+    )
     p.add_argument("--lagging", type=int, default=None, help="rank that stalls")
     p.add_argument(
         "--healthy-s",

@@ -5,7 +5,10 @@ Each simulated agent stands for one 8-GPU node: it opens its own gRPC channel
 reports progress at 1 Hz, keeps a WatchCommands stream open, and answers a
 DUMP command the way `hangwatch agent` does: per rank, the FR dump, meta.json
 and stacks.txt uploaded file by file in chunks with a sha256, then
-CompleteDump. Hundreds of agents share one asyncio loop per process, and a
+CompleteDump; or, when the command asks for tails (a large incident), every
+rank's FR tail (`hangwatch.frtail`), meta.json and stacks.txt in one
+compressed UploadFiles stream, and later the full dumps of the ranks an
+UPLOAD_FULL names. Hundreds of agents share one asyncio loop per process, and a
 fleet can span a few processes (`Fleet`).
 
 The job is a Megatron-style TP x PP x DP layout (tensor-parallel groups of 8
@@ -57,7 +60,7 @@ from typing import Any, Final
 
 import grpc
 
-from hangwatch import formats
+from hangwatch import formats, frtail
 from hangwatch.wire import pb, rpc
 
 RANKS_PER_AGENT: Final = 8
@@ -370,10 +373,14 @@ class _Template:
 class DumpFactory:
     """FR dump bytes for any rank in any state, cheaply."""
 
-    def __init__(self, topo: Topology, clock: Clock, *, entries: int = 2000) -> None:
+    def __init__(
+        self, topo: Topology, clock: Clock, *, entries: int = 2000, tail_context: int = 0
+    ) -> None:
         self.topo = topo
         self.clock = clock
         self.entries = entries
+        # > 0: every dump is cut to its tail by the same code the agent runs.
+        self.tail_context = tail_context
         self._templates: dict[RankPos, _Template] = {}
         self.sizes = {(k, op): _sizes(topo, k, op) for k, op in STEP}
         self._lock = threading.Lock()
@@ -494,7 +501,10 @@ class DumpFactory:
 
     def _build(self, pos: RankPos) -> _Template:
         strings = {slot: _sentinel(slot) for slot in _SLOTS}
-        blob = pickle.dumps(self.dump_dict(pos, strings), protocol=2)
+        d = self.dump_dict(pos, strings)
+        if self.tail_context:
+            d = frtail.tail_dump(d, context=self.tail_context)
+        blob = pickle.dumps(d, protocol=2)
         marks = sorted(
             (i, slot) for slot in _SLOTS for i in _find_all(blob, _pickled_str(strings[slot]))
         )
@@ -563,6 +573,9 @@ class FleetSpec:
     stacks: bool = True
     entries_after_s: float = 2.0  # in flight this long: send the FR entry delta
     nodes: tuple[int, ...] = ()  # node indices this process simulates (empty: all)
+    # Hash the full dumps ahead while the stall timeout runs. Off when the
+    # coordinator will ask for tails: then it is CPU the fan-out needs.
+    prehash_full: bool = True
 
 
 @dataclass
@@ -575,6 +588,7 @@ class DumpRecord:
     bytes: int = 0
     accepted: bool | None = None
     error: str = ""
+    tail_context: int = 0
 
 
 @dataclass
@@ -586,6 +600,7 @@ class AgentStats:
     reports_unknown: int = 0
     entry_batches: int = 0
     dumps: list[DumpRecord] = field(default_factory=list)
+    full_uploads: list[int] = field(default_factory=list)  # ranks sent on UPLOAD_FULL
     errors: list[str] = field(default_factory=list)
 
     def error(self, text: str) -> None:
@@ -630,7 +645,7 @@ class SimAgent:
         self.report_seq = 0
         self.stats = AgentStats()
         self.sent_entries: dict[int, int] = {}  # rank -> last record_id sent
-        self._handled: set[str] = set()
+        self._handled: set[tuple[str, int]] = set()
 
     def register_request(self) -> pb.RegisterRequest:
         topo = self.fleet.topo
@@ -805,9 +820,14 @@ class SimAgent:
             )
             try:
                 async for cmd in call:
-                    if cmd.kind == pb.COMMAND_KIND_DUMP and cmd.incident_id not in self._handled:
-                        self._handled.add(cmd.incident_id)
-                        self.fleet.spawn(self.dump(cmd.incident_id, time.time()))
+                    key = (cmd.incident_id, cmd.kind)
+                    if key in self._handled:
+                        continue
+                    self._handled.add(key)
+                    if cmd.kind == pb.COMMAND_KIND_DUMP:
+                        self.fleet.spawn(self.dump(cmd.incident_id, time.time(), cmd.tail_context))
+                    elif cmd.kind == pb.COMMAND_KIND_UPLOAD_FULL:
+                        self.fleet.spawn(self.upload_full(cmd.incident_id, list(cmd.ranks)))
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.CANCELLED:
                     raise
@@ -824,14 +844,75 @@ class SimAgent:
             files.append((formats.STACKS_FILE, st, hashlib.sha256(st).hexdigest()))
         return files
 
-    async def dump(self, incident_id: str, command_at: float) -> None:
-        rec = DumpRecord(incident_id=incident_id, command_at=command_at)
+    def tail_files(self, rank: int, pos: RankPos, context: int) -> list[tuple[str, bytes, str]]:
+        """(name, bytes, sha256 hex) of one rank's phase-one files."""
+        fr = self.fleet.tail_with_digest(rank, pos, context)
+        files = [(f"{formats.FR_TAIL_PREFIX}{rank}", *fr)]
+        files.append((formats.META_FILE, *self.fleet.meta_with_digest(rank)))
+        if self.spec.stacks:
+            st = stacks_text(rank, pos, self.pids[rank]).encode()
+            files.append((formats.STACKS_FILE, st, hashlib.sha256(st).hexdigest()))
+        return files
+
+    async def _upload_tails(
+        self, rec: DumpRecord, incident_id: str, idx: int, context: int
+    ) -> tuple[list[int], list[pb.RankFailure]]:
+        files: list[tuple[int, str, bytes, str]] = []
+        for r in self.ranks:
+            pos = rank_pos(r, idx, self.fleet.hang)
+            files.extend((r, *f) for f in self.tail_files(r, pos, context))
+
+        async def chunks() -> AsyncIterator[pb.BundleChunk]:
+            for r, name, data, digest in files:
+                async for c in _chunks(self, incident_id, r, name, data, digest):
+                    yield c
+
+        try:
+            ack = await self.stub.UploadFiles(
+                chunks(),
+                timeout=UPLOAD_TIMEOUT_S,
+                metadata=self.metadata,
+                compression=grpc.Compression.Gzip,
+            )
+        except grpc.aio.AioRpcError as e:
+            why = f"upload failed: {e.code().name}: {e.details()}"
+            self.stats.error(f"UploadFiles: {why}")
+            return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
+        if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
+            why = f"coordinator acked {len(ack.files)} of {len(files)} files"
+            self.stats.error(why)
+            return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
+        rec.files += len(files)
+        rec.bytes += sum(len(f[2]) for f in files)
+        return list(self.ranks), []
+
+    async def upload_full(self, incident_id: str, ranks: list[int]) -> None:
+        """Phase two: full dumps of the ranks asked for, as the real agent does."""
+        idx = self.fleet.clock.index(time.time())
+        for r in ranks:
+            if r not in self.ranks:
+                continue
+            data, digest = self.fleet.dump_with_digest(r, rank_pos(r, idx, self.fleet.hang))
+            try:
+                await self.stub.UploadBundle(
+                    _chunks(self, incident_id, r, f"{formats.FR_FILE_PREFIX}{r}", data, digest),
+                    timeout=UPLOAD_TIMEOUT_S,
+                    metadata=self.metadata,
+                )
+                self.stats.full_uploads.append(r)
+            except grpc.aio.AioRpcError as e:
+                self.stats.error(f"UploadBundle (full) rank {r}: {e.code().name}: {e.details()}")
+
+    async def dump(self, incident_id: str, command_at: float, tail_context: int = 0) -> None:
+        rec = DumpRecord(incident_id=incident_id, command_at=command_at, tail_context=tail_context)
         self.stats.dumps.append(rec)
         idx = self.fleet.clock.index(time.time())
         dumped: list[int] = []
         failures: list[pb.RankFailure] = []
         try:
-            for r in self.ranks:
+            if tail_context:
+                dumped, failures = await self._upload_tails(rec, incident_id, idx, tail_context)
+            for r in self.ranks if not tail_context else ():
                 pos = rank_pos(r, idx, self.fleet.hang)
                 try:
                     # Serial, as the real agent uploads: one file stream at a time.
@@ -914,6 +995,7 @@ class FleetState:
         self.topo = Topology(ranks=spec.ranks, pp=spec.pp)
         self.clock = Clock(epoch=spec.epoch, op_s=spec.op_s)
         self.dumps = DumpFactory(self.topo, self.clock, entries=spec.entries)
+        self._tails: dict[int, DumpFactory] = {}  # context -> factory
         self.hang: Hang | None = None
         nodes = spec.nodes or tuple(range(self.topo.nodes))
         self.names = {
@@ -940,6 +1022,18 @@ class FleetState:
         data = self.dumps.dump_bytes(rank, pos)
         digest = self._digests.pop((rank, pos), None)
         return data, digest or hashlib.sha256(data).hexdigest()
+
+    def tail_factory(self, context: int) -> DumpFactory:
+        f = self._tails.get(context)
+        if f is None:
+            f = self._tails[context] = DumpFactory(
+                self.topo, self.clock, entries=self.spec.entries, tail_context=context
+            )
+        return f
+
+    def tail_with_digest(self, rank: int, pos: RankPos, context: int) -> tuple[bytes, str]:
+        data = self.tail_factory(context).dump_bytes(rank, pos)
+        return data, hashlib.sha256(data).hexdigest()
 
     def meta_bytes(self, rank: int) -> bytes:
         """meta.json as the real agent writes it (indent=1, every group's members)."""
@@ -994,8 +1088,9 @@ class FleetState:
 
     def _prehash(self, final: dict[int, RankPos]) -> None:
         for r, pos in final.items():
-            data = self.dumps.dump_bytes(r, pos)
-            self._digests[(r, pos)] = hashlib.sha256(data).hexdigest()
+            if self.spec.prehash_full:
+                data = self.dumps.dump_bytes(r, pos)
+                self._digests[(r, pos)] = hashlib.sha256(data).hexdigest()
             meta = self.meta_bytes(r)
             self._metas[r] = (meta, hashlib.sha256(meta).hexdigest())
 
@@ -1033,6 +1128,8 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "files_uploaded": sum(d["files"] for d in dumps),
         "bytes_uploaded": sum(d["bytes"] for d in dumps),
         "dumps_rejected": sum(1 for d in dumps if d["accepted"] is False),
+        "tail_dumps": sum(1 for d in dumps if d["tail_context"]),
+        "full_uploads": sorted(r for p in parts for r in p["full_uploads"]),
         "errors": [e for p in parts for e in p["errors"]][:50],
     }
 
@@ -1111,6 +1208,7 @@ class Fleet:
         report_interval_s: float = 1.0,
         token: str | None = None,
         stacks: bool = True,
+        prehash_full: bool = True,
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -1129,6 +1227,7 @@ class Fleet:
                 token=token,
                 stacks=stacks,
                 nodes=tuple(nodes[i::procs]),
+                prehash_full=prehash_full,
             )
             for i in range(procs)
         ]
@@ -1246,7 +1345,7 @@ def _merge_fleet(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 out[k] = v if out.get(k) is None else (min(out[k], v) if v is not None else out[k])
             elif k in ("last_command_at", "last_done_at"):
                 out[k] = v if out.get(k) is None else (max(out[k], v) if v is not None else out[k])
-            elif k == "incidents":
+            elif k in ("incidents", "full_uploads"):
                 out[k] = sorted(set(out.get(k, [])) | set(v))
             elif k == "errors":
                 out[k] = (out.get(k, []) + v)[:50]

@@ -111,10 +111,19 @@ def test_templated_dump_is_exactly_the_pickled_dump() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_one_stalled_rank_among_many_agents_gives_one_incident(tmp_path: Path) -> None:
+@pytest.mark.parametrize("two_phase", [False, True], ids=["full-dumps", "tails-first"])
+def test_one_stalled_rank_among_many_agents_gives_one_incident(
+    tmp_path: Path, two_phase: bool
+) -> None:
     data_dir = tmp_path / "coord"
     with CoordinatorProcess(
-        data_dir, stall_timeout=STALL_TIMEOUT, dump_deadline=30, agent_lost_timeout=30
+        data_dir,
+        stall_timeout=STALL_TIMEOUT,
+        dump_deadline=30,
+        agent_lost_timeout=30,
+        # Below the job's size: the large-job path (tails, then the lagging
+        # rank's full dump) at a size CI can afford.
+        extra_args=["--full-dump-max-ranks", str(RANKS // 2 if two_phase else RANKS)],
     ) as coord:
         fleet = Fleet(target=coord.grpc, job_id="scale-job", ranks=RANKS, entries=ENTRIES, procs=1)
         with fleet:
@@ -126,6 +135,11 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(tmp_path: Path) -
             # The job stays hung: the coordinator must not open a second incident.
             time.sleep(STALL_TIMEOUT + 1.0)
             rows = coord.get("/api/incidents?job=scale-job")
+            bundle = data_dir / "incidents" / inc["id"]
+            lagging_full = bundle / f"rank_{LAGGING}" / f"{formats.FR_FILE_PREFIX}{LAGGING}"
+            end = time.monotonic() + 20
+            while two_phase and not lagging_full.is_file() and time.monotonic() < end:
+                time.sleep(0.2)
             stats = fleet.stats()
         assert coord.stop() == 0, coord.log()[-3000:]
 
@@ -146,14 +160,26 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(tmp_path: Path) -
     assert stats["dumps_done"] == RANKS // 8 and stats["dumps_rejected"] == 0
     assert stats["files_uploaded"] == 3 * RANKS
     assert stats["reports_failed"] == 0
+    assert stats["tail_dumps"] == (RANKS // 8 if two_phase else 0)
+    # Phase two: the lagging rank's full history, and nobody else's.
+    assert stats["full_uploads"] == ([LAGGING] if two_phase else [])
 
     # What the coordinator stored is byte for byte what the agents sent.
-    bundle = data_dir / "incidents" / inc["id"]
-    factory = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES)
+    full = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES)
+    tails = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES, tail_context=8)
     for r in range(RANKS):
         rank_dir = bundle / f"rank_{r}"
+        pos = rank_pos(r, 1 << 40, hang)
         assert (rank_dir / formats.META_FILE).is_file()
         assert (rank_dir / formats.STACKS_FILE).is_file()
-        fr = (rank_dir / f"{formats.FR_FILE_PREFIX}{r}").read_bytes()
-        assert fr == factory.dump_bytes(r, rank_pos(r, 1 << 40, hang)), f"rank {r}"
+        full_path = rank_dir / f"{formats.FR_FILE_PREFIX}{r}"
+        if two_phase:
+            tail = (rank_dir / f"{formats.FR_TAIL_PREFIX}{r}").read_bytes()
+            assert tail == tails.dump_bytes(r, pos), f"rank {r}"
+            assert len(tail) < len(full.dump_bytes(r, pos)) // 4
+            assert full_path.is_file() == (r == LAGGING), f"rank {r}"
+        else:
+            assert not (rank_dir / f"{formats.FR_TAIL_PREFIX}{r}").exists()
+        if full_path.is_file():
+            assert full_path.read_bytes() == full.dump_bytes(r, pos), f"rank {r}"
     assert not list(bundle.rglob("*.part"))
