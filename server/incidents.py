@@ -141,6 +141,7 @@ class IncidentManager:
         # made no progress since, any new symptom belongs to that same hang.
         self._last: dict[str, tuple[str, float]] = {}
         self._wake = threading.Event()
+        self._next_scan = 0.0  # time.monotonic() of the next stall scan
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangwatch-analyze")
         self._futures: set[Future[None]] = set()
@@ -238,8 +239,19 @@ class IncidentManager:
                 job_id,
                 self.registry.agent_lost_timeout,
             )
-        for job_id in self.registry.jobs():
-            stalls = [s for s in self.registry.stalls(job_id) if s.over_timeout]
+        # A scan costs ~50 ms of GIL at 4,096 ranks. Run it once per tick, not
+        # on every early wake-up (each CompleteDump wakes the ticker to check
+        # collection), and not for a job whose incident is still open: it
+        # could only join that incident, and its collection needs the CPU.
+        scan = time.monotonic() >= self._next_scan
+        if scan:
+            self._next_scan = time.monotonic() + self._tick_s
+        for job_id in self.registry.jobs() if scan else ():
+            if self.registry.open_incident(job_id) is not None:
+                continue
+            stalls = [
+                s for s in self.registry.stalls(job_id, over_timeout_only=True) if s.over_timeout
+            ]
             if stalls:
                 self._on_stalls(job_id, stalls)
         now = self.registry.now()

@@ -523,10 +523,13 @@ class JobRegistry:
                         lost.append((job.job_id, a.agent_id))
         return lost
 
-    def stalls(self, job_id: str) -> list[StalledGroup]:
+    def stalls(self, job_id: str, *, over_timeout_only: bool = False) -> list[StalledGroup]:
+        """Every group's stall pattern, or (for the detector) only those past
+        the stall timeout, which skips every group that progressed recently
+        without looking at its members."""
         with self._lock:
             job = self._jobs.get(job_id)
-            return self._stalls(job, self._clock()) if job else []
+            return self._stalls(job, self._clock(), over_timeout_only) if job else []
 
     def in_flight_key(self, job_id: str) -> tuple[str, int] | None:
         """The oldest (group, seq) any observed rank of the job is inside, if any."""
@@ -653,9 +656,11 @@ class JobRegistry:
         a = job.agents.get(r.agent_id)
         return a is not None and not a.lost
 
-    def _stalls(self, job: _Job, now: float) -> list[StalledGroup]:
+    def _stalls(self, job: _Job, now: float, over_timeout_only: bool = False) -> list[StalledGroup]:
         out: list[StalledGroup] = []
         for g in _sorted_groups(job.groups):
+            if over_timeout_only and now - g.last_progress < self.stall_timeout:
+                continue
             progress: dict[int, MemberProgress] = {}
             for rank in g.ranks:
                 r = job.ranks.get(rank)
