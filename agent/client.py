@@ -181,7 +181,7 @@ class CoordinatorClient:
     def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:
         return self.stub.UploadBundle(chunks, timeout=UPLOAD_DEADLINE_S, metadata=self.metadata)
 
-    def upload_files(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadFilesAck:
+    def upload_files(self, chunks: Iterator[pb.BundleChunks]) -> pb.UploadFilesAck:
         # gzip: a phase-one stream is mostly JSON and member lists, which
         # shrink several-fold; the coordinator's gRPC core inflates them.
         return self.stub.UploadFiles(

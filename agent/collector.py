@@ -251,9 +251,9 @@ def collect_rank(
         files[formats.STACKS_FILE] = stacks.encode()
     if tail_context > 0 and fr_name in files:
         try:
-            files[f"{formats.FR_TAIL_PREFIX}{rank}"] = frtail.tail_bytes(
-                files[fr_name], context=tail_context
-            )
+            tail = frtail.tail_bytes(files[fr_name], context=tail_context)
+            if tail is not None:
+                files[f"{formats.FR_TAIL_PREFIX}{rank}"] = tail
         except ValueError as e:
             # The whole dump goes up instead: slower, never less evidence.
             errors["fr_tail"] = f"cannot cut a tail: {e}"

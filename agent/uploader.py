@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from hangwatch.agent.client import CoordinatorClient
 
@@ -95,7 +95,23 @@ def upload_files(
                 size=size,
             )
 
-    ack = client.upload_files(chunks())
+    ack = client.upload_files(pack_chunks(chunks(), size))
     if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
         raise RuntimeError(f"coordinator acked {len(ack.files)} of {len(files)} files complete")
     return ack
+
+
+def pack_chunks(chunks: Iterable[pb.BundleChunk], limit: int) -> Iterator[pb.BundleChunks]:
+    """Consecutive chunks in messages of up to ~`limit` data bytes each."""
+    batch: list[pb.BundleChunk] = []
+    held = 0
+    for c in chunks:
+        # Each chunk's envelope (~200 B of names and digest) must fit in the
+        # _ENVELOPE_BYTES room that chunk_size leaves under the message cap.
+        if batch and (held + len(c.data) > limit or len(batch) >= 256):
+            yield pb.BundleChunks(chunks=batch)
+            batch, held = [], 0
+        batch.append(c)
+        held += len(c.data)
+    if batch:
+        yield pb.BundleChunks(chunks=batch)

@@ -483,6 +483,7 @@ class _Diagnosis:
             findings=self.findings,
             ranks_loaded=sorted(self.dumped),
             ranks_missing=self.missing,
+            tail_ranks=list(self.L.tail_ranks),
             errors=list(self.L.errors),
             groups=self._group_progress(P, waits),
             waits_for=_edges(waits),
@@ -720,7 +721,14 @@ class _Diagnosis:
             .groupby("rank")
             .agg(first=("record_id", "min"), anydone=("done", "any"))
         )
-        wrapped = [int(r) for r, row in g.iterrows() if row["first"] > 0 and row["anydone"]]
+        # A tail starts past record 0 by construction: that says nothing
+        # about the ring buffer (tail_ranks says where the history went).
+        tails = set(self.L.tail_ranks)
+        wrapped = [
+            int(r)
+            for r, row in g.iterrows()
+            if row["first"] > 0 and row["anydone"] and int(r) not in tails
+        ]
         if wrapped:
             self.findings.append(
                 Finding(

@@ -29,6 +29,8 @@ def render(report: Report, console: Console) -> None:
     loaded = f"ranks loaded: {rank_list(report.ranks_loaded)}"
     if report.ranks_missing:
         loaded += f"   missing: {rank_list(report.ranks_missing)}"
+    if report.tail_ranks:
+        loaded += f"   from FR tails only: {rank_list(report.tail_ranks)}"
     console.print(Text(loaded, style="dim"))
 
     sc = report.stalled_collective

@@ -110,6 +110,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     ranks_loaded: list[int] = field(default_factory=list)
     ranks_missing: list[int] = field(default_factory=list)
+    # Ranks analysed from an FR tail (hangwatch.frtail) because their full
+    # dump was not collected: their older history is absent by design.
+    tail_ranks: list[int] = field(default_factory=list)
     errors: list[FileError] = field(default_factory=list)
     # Richer detail beyond the required keys; consumers may ignore it.
     groups: list[GroupProgress] = field(default_factory=list)
@@ -149,6 +152,7 @@ class Report:
             findings=[Finding(**f) for f in d.get("findings") or []],
             ranks_loaded=list(d.get("ranks_loaded") or []),
             ranks_missing=list(d.get("ranks_missing") or []),
+            tail_ranks=list(d.get("tail_ranks") or []),
             errors=[FileError(**e) for e in d.get("errors") or []],
             groups=[GroupProgress(**g) for g in d.get("groups") or []],
             waits_for=[WaitEdge(**w) for w in d.get("waits_for") or []],

@@ -17,8 +17,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import hashlib
+import itertools
 import os
-import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +44,7 @@ MAX_STREAM_BYTES: Final = 32 * 1024 * 1024
 # and its agent retries, so a flood cannot hold the coordinator's memory.
 MAX_HELD_BYTES: Final = 1024 * 1024 * 1024
 MAX_FILES_PER_STREAM: Final = 1024
+_batch_ids = itertools.count()  # next() is atomic under the GIL
 
 
 @dataclass
@@ -157,8 +158,8 @@ class FileBatch:
 class Written:
     """A file written under a temporary name, waiting to be renamed in."""
 
-    part: Path
-    final: Path
+    part: str
+    final: str
 
 
 def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Written], list[bool]]:
@@ -166,17 +167,31 @@ def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Writ
 
     Returns what to rename and, per file, whether it was already complete (a
     replay: acked as a duplicate, not rewritten). On any error nothing of
-    this batch is left behind.
+    this batch is left behind. Plain os calls, not pathlib: at 12,288 files
+    an incident, the wrappers' cost shows.
     """
     written: list[Written] = []
     duplicate: list[bool] = []
-    counted: dict[Path, int] = {}
+    # rank dir -> files in it, counted once per batch
+    counted: dict[str, int] = {}
+    suffix = f".{os.getpid()}.{next(_batch_ids)}.part"
     try:
         for f in files:
-            rank_dir = incident_dir / f"rank_{f.key.rank}"
-            final = rank_dir / f.key.file_name
-            if final.is_file():
+            rank_dir = os.path.join(incident_dir, f"rank_{f.key.rank}")
+            final = os.path.join(rank_dir, f.key.file_name)
+            n = counted.get(rank_dir)
+            if n is None:
+                try:
+                    os.mkdir(rank_dir)
+                    n = 0
+                except FileNotFoundError:  # incident.json could not be written
+                    os.makedirs(rank_dir, exist_ok=True)
+                    n = 0
+                except FileExistsError:
+                    n = sum(1 for e in os.scandir(rank_dir) if not e.name.endswith(".part"))
+            if n and os.path.isfile(final):
                 duplicate.append(True)
+                counted[rank_dir] = n
                 continue
             duplicate.append(False)
             h = hashlib.sha256()
@@ -188,19 +203,20 @@ def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Writ
                     f"{f.key.file_name} of rank {f.key.rank}: sha256 mismatch: received data "
                     f"hashes to {got}, sender says {f.sha256}"
                 )
-            if rank_dir not in counted:
-                rank_dir.mkdir(parents=True, exist_ok=True)
-                counted[rank_dir] = sum(
-                    1 for p in rank_dir.iterdir() if not p.name.endswith(".part")
-                )
-            counted[rank_dir] += 1
-            if counted[rank_dir] > MAX_FILES_PER_RANK:
+            counted[rank_dir] = n + 1
+            if n + 1 > MAX_FILES_PER_RANK:
                 raise TooLarge(f"rank_{f.key.rank} would hold more than {MAX_FILES_PER_RANK} files")
             # Unique per stream: two streams replaying one file never share it.
-            part = rank_dir / f"{f.key.file_name}.{secrets.token_hex(4)}.part"
-            with open(part, "wb") as fh:
-                written.append(Written(part, final))
-                fh.writelines(f.parts)
+            part = final + suffix
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            written.append(Written(part, final))
+            try:
+                for p in f.parts:
+                    view = memoryview(p)
+                    while view:
+                        view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
     except BaseException:
         discard(written)
         raise
@@ -216,7 +232,7 @@ def discard(written: list[Written]) -> None:
     """Never raises: runs in cleanup."""
     for w in written:
         with contextlib.suppress(OSError):
-            w.part.unlink(missing_ok=True)
+            os.unlink(w.part)
 
 
 def _syncfs_fn() -> Callable[[int], int] | None:

@@ -348,21 +348,22 @@ class CoordinatorService(rpc.CoordinatorServicer):
 
     async def UploadFiles(
         self,
-        request_iterator: AsyncIterator[pb.BundleChunk],
+        request_iterator: AsyncIterator[pb.BundleChunks],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.UploadFilesAck:
         batch = FileBatch(held=self.held, max_file_bytes=self.max_file_bytes)
         error: tuple[grpc.StatusCode, str] | None = None
         try:
             incident_id = ""
-            async for chunk in request_iterator:
-                if batch.current is None:
-                    await self._check_upload(chunk)
-                    if incident_id and chunk.incident_id != incident_id:
-                        raise Invalid("one UploadFiles stream carries one incident's files")
-                    incident_id = chunk.incident_id
-                    batch.start(chunk)
-                batch.add(chunk)
+            async for msg in request_iterator:
+                for chunk in msg.chunks:
+                    if batch.current is None:
+                        await self._check_upload(chunk)
+                        if incident_id and chunk.incident_id != incident_id:
+                            raise Invalid("one UploadFiles stream carries one incident's files")
+                        incident_id = chunk.incident_id
+                        batch.start(chunk)
+                    batch.add(chunk)
             if batch.current is not None:
                 raise Invalid(f"stream ended inside {batch.current.key.file_name}")
             acks = await self._store_batch(incident_id, batch) if batch.files else []

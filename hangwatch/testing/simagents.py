@@ -862,10 +862,19 @@ class SimAgent:
             pos = rank_pos(r, idx, self.fleet.hang)
             files.extend((r, *f) for f in self.tail_files(r, pos, context))
 
-        async def chunks() -> AsyncIterator[pb.BundleChunk]:
+        async def chunks() -> AsyncIterator[pb.BundleChunks]:
+            # Packed as the real agent packs them (agent.uploader.pack_chunks).
+            batch: list[pb.BundleChunk] = []
+            held = 0
             for r, name, data, digest in files:
                 async for c in _chunks(self, incident_id, r, name, data, digest):
-                    yield c
+                    if batch and held + len(c.data) > CHUNK_BYTES:
+                        yield pb.BundleChunks(chunks=batch)
+                        batch, held = [], 0
+                    batch.append(c)
+                    held += len(c.data)
+            if batch:
+                yield pb.BundleChunks(chunks=batch)
 
         try:
             ack = await self.stub.UploadFiles(

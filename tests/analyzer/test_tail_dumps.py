@@ -116,6 +116,9 @@ def _check_parity(src: Path, dst: Path, context: int) -> None:
     assert loaded.errors == []
     assert loaded.tail_ranks == loaded.ranks_loaded == full.ranks_loaded
     tail = analyze(loaded, world_size=ws)
+    assert tail.tail_ranks == tail.ranks_loaded
+    assert "buffer-wrapped" not in {f.kind for f in tail.findings}
+    assert Report.from_dict(json.loads(tail.to_json())).tail_ranks == tail.tail_ranks
     if context == DEFAULT_CONTEXT:
         _assert_same_diagnosis(full, tail, src.name)
     else:
@@ -210,6 +213,10 @@ def test_full_dump_next_to_a_tail_wins_without_an_error(tmp_path: Path) -> None:
     report = analyze(loaded, world_size=manifest["world_size"])
     assert _observed(report) == manifest["expected"]
     assert report.errors == []
+    assert report.tail_ranks == [0, 2]
+    # Full dumps of a wrapped ring still say so; tails do not pretend to.
+    wrapped = [f.ranks for f in report.findings if f.kind == "buffer-wrapped"]
+    assert wrapped == [[1, 3]]
 
 
 @pytest.mark.timeout(30)

@@ -294,6 +294,12 @@ class UploadAck(_message.Message):
     duplicate: bool
     def __init__(self, incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., bytes_stored: _Optional[int] = ..., complete: _Optional[bool] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
+class BundleChunks(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[BundleChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[BundleChunk, _Mapping]]] = ...) -> None: ...
+
 class UploadFilesAck(_message.Message):
     __slots__ = ("files",)
     FILES_FIELD_NUMBER: _ClassVar[int]

@@ -69,7 +69,7 @@ class CoordinatorStub:
                 _registered_method=True)
         self.UploadFiles = channel.stream_unary(
                 '/hangwatch.v1.Coordinator/UploadFiles',
-                request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
+                request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunks.SerializeToString,
                 response_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.FromString,
                 _registered_method=True)
         self.CompleteDump = channel.unary_unary(
@@ -138,11 +138,13 @@ class CoordinatorServicer:
 
     def UploadFiles(self, request_iterator, context):
         """Many small files of one agent's bundle (every local rank's) in one
-        stream: phase one of a large incident, where one stream per file would
-        cost the coordinator more than the bytes do. A file is the chunks from
-        its first (offset 0) to its `last`; the next chunk starts the next file.
-        Each file is idempotent as in UploadBundle. The coordinator stores the
-        files of a stream together and acks them all at the end.
+        stream: phase one of a large incident, where a stream, or even a
+        message, per file would cost the coordinator more than the bytes do.
+        The chunks of all messages, in order, form the files: a file is the
+        chunks from its first (offset 0) to its `last`; the next chunk starts
+        the next file. Each file is idempotent as in UploadBundle. The
+        coordinator stores the files of a stream together and acks them all at
+        the end.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,7 +199,7 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'UploadFiles': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadFiles,
-                    request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.FromString,
+                    request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunks.FromString,
                     response_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.SerializeToString,
             ),
             'CompleteDump': grpc.unary_unary_rpc_method_handler(
@@ -401,7 +403,7 @@ class Coordinator:
             request_iterator,
             target,
             '/hangwatch.v1.Coordinator/UploadFiles',
-            hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunk.SerializeToString,
+            hangwatch_dot_v1_dot_hangwatch__pb2.BundleChunks.SerializeToString,
             hangwatch_dot_v1_dot_hangwatch__pb2.UploadFilesAck.FromString,
             options,
             channel_credentials,
