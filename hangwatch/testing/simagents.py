@@ -1045,7 +1045,7 @@ class FleetState:
         return data, hashlib.sha256(data).hexdigest()
 
     def meta_bytes(self, rank: int) -> bytes:
-        """meta.json as the real agent writes it (indent=1, every group's members)."""
+        """meta.json as the real agent writes it (compact, every group's members)."""
         topo = self.topo
         node = rank // RANKS_PER_AGENT
         meta = {
@@ -1073,7 +1073,7 @@ class FleetState:
             "gpu": {"available": False, "reason": "simulated agent"},
             "errors": {},
         }
-        return json.dumps(meta, indent=1).encode()
+        return json.dumps(meta, separators=(",", ":")).encode()
 
     def meta_with_digest(self, rank: int) -> tuple[bytes, str]:
         got = self._metas.pop(rank, None)
