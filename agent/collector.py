@@ -251,7 +251,10 @@ def collect_rank(
         files[formats.STACKS_FILE] = stacks.encode()
     if tail_context > 0 and fr_name in files:
         try:
-            tail = frtail.tail_bytes(files[fr_name], context=tail_context)
+            # meta.json (written below) carries every group's members.
+            tail = frtail.tail_bytes(
+                files[fr_name], context=tail_context, max_members=frtail.AGENT_MAX_MEMBERS
+            )
             if tail is not None:
                 files[f"{formats.FR_TAIL_PREFIX}{rank}"] = tail
         except ValueError as e:

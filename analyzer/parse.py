@@ -10,6 +10,7 @@ diagnosis works on one shape only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import marshal
@@ -211,15 +212,27 @@ def split_profiling_name(name: str) -> tuple[str, str, int, int]:
 
 
 def _parse_ranks(v: Any) -> list[int] | None:
+    if isinstance(v, str):
+        got = _parse_ranks_text(v)
+        return list(got) if got is not None else None
     if isinstance(v, list | tuple):
-        out = v
-    elif isinstance(v, str):
-        try:
-            out = json.loads(v)
-        except ValueError:
-            return None
-    else:
+        return _rank_list(v)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_ranks_text(v: str) -> tuple[int, ...] | None:
+    # Every rank of a 4,096-rank job carries the same 24 KB world member list:
+    # parse each distinct text once per process, not once per rank.
+    try:
+        out = json.loads(v)
+    except (ValueError, RecursionError):
         return None
+    got = _rank_list(out)
+    return tuple(got) if got is not None else None
+
+
+def _rank_list(out: Any) -> list[int] | None:
     if not isinstance(out, list) or not out:
         return None
     try:

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs=args.procs,
         entries=args.entries,
         prehash_full=args.ranks <= args.full_dump_max_ranks,
+        compress=not args.no_compress,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -278,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent-lost-timeout", type=float, default=30.0)
     p.add_argument("--procs", type=int, default=2, help="processes the simulated agents run in")
     p.add_argument("--entries", type=int, default=2000, help="FR entries per rank dump")
+    p.add_argument(
+        "--no-compress", action="store_true", help="phase-one streams without gzip (A/B)"
+    )
     p.add_argument(
         "--full-dump-max-ranks",
         type=int,

@@ -22,6 +22,9 @@ TAIL_KEY: Final = "hangwatch_tail"
 # Finished entries kept per group before its oldest unfinished one (or at its
 # end when nothing is unfinished). 8 covers a pipeline schedule's look-back.
 DEFAULT_CONTEXT: Final = 8
+# Groups above this size lose their pg_config member list in an agent's tail
+# (meta.json has it). TP/PP groups stay self-describing.
+AGENT_MAX_MEMBERS: Final = 64
 
 
 def _finished(e: Mapping[str, Any]) -> bool:
@@ -85,13 +88,36 @@ def tail_entries(entries: list[Any], *, context: int = DEFAULT_CONTEXT) -> list[
     return [e for i, e in enumerate(entries) if i in keep]
 
 
-def tail_dump(dump: Mapping[str, Any], *, context: int = DEFAULT_CONTEXT) -> dict[str, Any]:
+def _member_count(ranks: Any) -> int:
+    if isinstance(ranks, (list, tuple)):
+        return len(ranks)
+    if isinstance(ranks, str):
+        return ranks.count(",") + 1 if ranks.strip("[] ") else 0
+    return 0
+
+
+def tail_dump(
+    dump: Mapping[str, Any], *, context: int = DEFAULT_CONTEXT, max_members: int | None = None
+) -> dict[str, Any]:
     """A shallow copy of `dump` with only its tail entries and a TAIL_KEY marker.
 
-    Everything else (pg_config, pg_status, version) is kept as is: it is small
-    next to the entries and the analyzer needs all of it.
+    pg_config, pg_status and version are kept: the analyzer needs them. With
+    `max_members`, member lists of bigger groups are dropped from pg_config:
+    for the agent, whose meta.json carries every group's members, they are
+    the same ~24 KB on each of 4,096 ranks (the world group), more than the
+    tail entries themselves.
     """
     out = dict(dump)
+    dropped: list[str] = []
+    cfg = dump.get("pg_config")
+    if max_members is not None and isinstance(cfg, Mapping):
+        slim: dict[Any, Any] = {}
+        for key, g in cfg.items():
+            if isinstance(g, Mapping) and _member_count(g.get("ranks")) > max_members:
+                g = {k: v for k, v in g.items() if k != "ranks"}
+                dropped.append(str(key))
+            slim[key] = g
+        out["pg_config"] = slim
     entries = dump.get("entries")
     total = 0
     if isinstance(entries, list):
@@ -105,6 +131,8 @@ def tail_dump(dump: Mapping[str, Any], *, context: int = DEFAULT_CONTEXT) -> dic
         "entries_total": total,
         "entries_kept": len(kept) if isinstance(kept, list) else 0,
     }
+    if dropped:
+        out[TAIL_KEY]["members_dropped"] = dropped
     return out
 
 
@@ -112,7 +140,9 @@ def is_tail(dump: Mapping[str, Any]) -> bool:
     return isinstance(dump.get(TAIL_KEY), Mapping)
 
 
-def tail_bytes(data: bytes, *, context: int = DEFAULT_CONTEXT) -> bytes | None:
+def tail_bytes(
+    data: bytes, *, context: int = DEFAULT_CONTEXT, max_members: int | None = None
+) -> bytes | None:
     """A dump file's tail, in the file's own encoding (JSON stays JSON, pickle
     becomes a protocol-4 pickle). Pickles are read with the analyzer's
     unpickler, which refuses every global. None when the tail would keep
@@ -139,8 +169,8 @@ def tail_bytes(data: bytes, *, context: int = DEFAULT_CONTEXT) -> bytes | None:
         as_json = False
     if not isinstance(obj, dict) or "entries" not in obj:
         raise ValueError("not a flight-recorder dump (no 'entries')")
-    out = tail_dump(obj, context=context)
-    if len(out["entries"]) == len(obj["entries"]):
+    out = tail_dump(obj, context=context, max_members=max_members)
+    if len(out["entries"]) == len(obj["entries"]) and not out[TAIL_KEY].get("members_dropped"):
         return None  # nothing to cut: the original file is smaller than a re-encoding
     if as_json:
         return json.dumps(out, separators=(",", ":")).encode()

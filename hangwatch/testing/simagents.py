@@ -503,12 +503,13 @@ class DumpFactory:
         strings = {slot: _sentinel(slot) for slot in _SLOTS}
         d = self.dump_dict(pos, strings)
         if self.tail_context:
-            d = frtail.tail_dump(d, context=self.tail_context)
+            d = frtail.tail_dump(d, context=self.tail_context, max_members=frtail.AGENT_MAX_MEMBERS)
         blob = pickle.dumps(d, protocol=2)
         marks = sorted(
             (i, slot) for slot in _SLOTS for i in _find_all(blob, _pickled_str(strings[slot]))
         )
-        if {slot for _, slot in marks} != set(_SLOTS):
+        # A tail drops big groups' member lists; a full dump has every slot.
+        if not self.tail_context and {slot for _, slot in marks} != set(_SLOTS):
             raise AssertionError("a per-rank string is missing from the dump template")
         segments, slots, at = [], [], 0
         for i, slot in marks:
@@ -576,6 +577,7 @@ class FleetSpec:
     # Hash the full dumps ahead while the stall timeout runs. Off when the
     # coordinator will ask for tails: then it is CPU the fan-out needs.
     prehash_full: bool = True
+    compress: bool = True  # gzip phase-one streams, as the real agent does
 
 
 @dataclass
@@ -881,7 +883,7 @@ class SimAgent:
                 chunks(),
                 timeout=UPLOAD_TIMEOUT_S,
                 metadata=self.metadata,
-                compression=grpc.Compression.Gzip,
+                compression=grpc.Compression.Gzip if self.spec.compress else None,
             )
         except grpc.aio.AioRpcError as e:
             why = f"upload failed: {e.code().name}: {e.details()}"
@@ -1218,6 +1220,7 @@ class Fleet:
         token: str | None = None,
         stacks: bool = True,
         prehash_full: bool = True,
+        compress: bool = True,
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -1237,6 +1240,7 @@ class Fleet:
                 stacks=stacks,
                 nodes=tuple(nodes[i::procs]),
                 prehash_full=prehash_full,
+                compress=compress,
             )
             for i in range(procs)
         ]

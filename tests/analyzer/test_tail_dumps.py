@@ -417,3 +417,22 @@ def test_tail_dump_marks_a_copy_and_keeps_the_rest() -> None:
     status_only = tail_dump({"version": "2.10", "pg_status": {}})
     assert is_tail(status_only)
     assert status_only[TAIL_KEY]["entries_total"] == 0
+
+
+def test_max_members_drops_only_big_groups_member_lists() -> None:
+    dump = {
+        "version": "2.10",
+        "pg_config": {
+            "0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(100)))},
+            "tp": {"name": "tp", "desc": "TP", "ranks": "[0, 1, 2, 3]"},
+            "dp": {"name": "dp", "desc": "DP", "ranks": list(range(0, 100, 4))},
+        },
+        "entries": [],
+    }
+    out = tail_dump(dump, context=8, max_members=64)
+    assert "ranks" not in out["pg_config"]["0"] and out["pg_config"]["0"]["desc"] == "default_pg"
+    assert out["pg_config"]["tp"]["ranks"] == "[0, 1, 2, 3]"
+    assert out["pg_config"]["dp"]["ranks"] == list(range(0, 100, 4))
+    assert out[TAIL_KEY]["members_dropped"] == ["0"]
+    assert "ranks" in dump["pg_config"]["0"]  # the caller's dump is not touched
+    assert "members_dropped" not in tail_dump(dump, context=8)[TAIL_KEY]
