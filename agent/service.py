@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from hangwatch.agent import collector, uploader
 from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
+from hangwatch.agent.delta import DeltaReporter
 from hangwatch.agent.outbox import BoundedQueue
 from hangwatch.agent.procstate import process_state
 from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan_rankinfo
@@ -77,6 +78,7 @@ class Agent:
         self._progress: list[pb.RankProgress] = []
         self._progress_seq = 0
         self._progress_sent = 0
+        self._delta = DeltaReporter()
         self._need_register = True
         self._watchdog_sizes: dict[str, int] = {}
         self._watchdog_reported: set[str] = set()
@@ -272,10 +274,15 @@ class Agent:
                     self._need_register = True
                 raise
             self._progress_sent = 0
+            self._delta.reset()
         with self._lock:
             seq, progress = self._progress_seq, list(self._progress)
         if seq > self._progress_sent:
-            self.client.report_progress(seq, progress)
+            now = time.monotonic()
+            pick = self._delta.select(progress, now)
+            if pick is not None:
+                self.client.report_progress(seq, pick[0])
+                self._delta.commit(pick[0], pick[1], now)
             self._progress_sent = seq
         while True:
             batch = self.events.take(1)

@@ -87,7 +87,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data_dir.mkdir(parents=True, exist_ok=True)
     job = f"load-{args.ranks}"
     lagging = args.lagging if args.lagging is not None else (args.ranks * 5) // 7 + 3
-    out: dict[str, Any] = {"ranks": args.ranks, "agents": args.ranks // 8, "job": job}
+    out: dict[str, Any] = {
+        "ranks": args.ranks,
+        "agents": args.ranks // 8,
+        "job": job,
+        "fleet_nice": args.fleet_nice,
+        "compress": not args.no_compress,
+    }
     coord = CoordinatorProcess(
         data_dir,
         stall_timeout=args.stall_timeout,
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         entries=args.entries,
         prehash_full=args.ranks <= args.full_dump_max_ranks,
         compress=not args.no_compress,
+        nice=args.fleet_nice,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -201,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for k in (
                     "register_retries",
                     "reports_sent",
+                    "rank_reports_sent",
                     "reports_failed",
                     "reports_unknown",
                     "entry_batches",
@@ -220,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
 
         if args.ingest_s > 0:
-            before = fleet.stats()["reports_sent"]
+            before = fleet.stats()["rank_reports_sent"]
             probe = IngestProbe(
                 IngestSpec(
                     target=coord.grpc,
@@ -232,9 +240,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             res = probe.wait(timeout=120 + args.ingest_s)
             cpu = sampler.window(res["flood_start"], res["flood_end"])
-            # The stalled job's agents keep reporting at 1 Hz meanwhile: their
+            # The stalled job's agents keep their heartbeat meanwhile: their
             # reports (probe registration included, so an upper bound) share the CPU.
-            background = (fleet.stats()["reports_sent"] - before) * 8
+            background = fleet.stats()["rank_reports_sent"] - before
             out["ingest_reports_per_s"] = round(res["rank_reports_per_s"])
             out["ingest"] = {
                 **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()},
@@ -281,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entries", type=int, default=2000, help="FR entries per rank dump")
     p.add_argument(
         "--no-compress", action="store_true", help="phase-one streams without gzip (A/B)"
+    )
+    p.add_argument(
+        "--fleet-nice",
+        type=int,
+        default=10,
+        help="nice of the simulated agents: they stand for other machines, so on a small box"
+        " they yield the CPU to the coordinator (0: compete as equals)",
     )
     p.add_argument(
         "--full-dump-max-ranks",
