@@ -276,7 +276,7 @@ def collect_rank(
         "pid": t.pid,
         "process_state": state_name(state),
         "reachable": reachable,
-        "groups": t.info.get("groups", []),
+        "groups": [_compact_group(g) for g in t.info.get("groups", [])],
         "sources": sources,
         "gpu": gpu,
         "errors": errors,
@@ -293,6 +293,12 @@ def collect_rank(
         failure=failure,
         sources=sources,
     )
+
+
+def _compact_group(g: Any) -> Any:
+    if isinstance(g, dict) and isinstance(g.get("ranks"), list):
+        return {**g, "ranks": formats.compact_ranks(g["ranks"])}
+    return g
 
 
 def rank_dir(run_dir: str, incident_id: str, rank: int) -> str:

@@ -471,7 +471,7 @@ def build_groups(
     from_meta: dict[str, set[int]] = {}
     # The same member list arrives from every member's meta.json: fold each
     # distinct list in once (list == list runs in C; set.update per int does not).
-    seen_lists: dict[str, list[Any]] = {}
+    seen_lists: dict[str, list[Any] | dict[str, Any]] = {}
     for r, meta in rank_meta.items():
         for g in meta.get("groups") or []:
             if not isinstance(g, dict) or g.get("name") is None:
@@ -482,9 +482,9 @@ def build_groups(
             ranks = g.get("ranks")
             s = from_meta.setdefault(name, set())
             s.add(r)
-            if isinstance(ranks, list) and seen_lists.get(name) != ranks:
+            if isinstance(ranks, list | dict) and seen_lists.get(name) != ranks:
                 seen_lists[name] = ranks
-                s.update(int(x) for x in ranks if isinstance(x, int) and not isinstance(x, bool))
+                s.update(formats.expand_ranks(ranks) or ())
     from_dumps: dict[str, set[int]] = {}
     if len(entries):
         pairs = entries[["group", "rank"]].drop_duplicates()

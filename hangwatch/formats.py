@@ -42,6 +42,8 @@ INCIDENT = "hangwatch.incident/1"
 RANKMETA = "hangwatch.rankmeta/1"
 # {"schema", "rank", "host", "pid", "process_state", "reachable": bool,
 #  "groups": [{"name", "desc", "pg_id", "ranks"}],
+#      "ranks": a list of global ranks, or for a big evenly strided group
+#      {"start", "stop", "step"} as in range() (see compact_ranks)
 #  "sources": {"fr": "worker-server"|"thread"|"watchdog-file"|"none",
 #              "stacks": "worker-server"|"py-spy"|"none",
 #              "gpu": "nvml"|"none", "process": "procfs"},
@@ -56,3 +58,36 @@ FR_TAIL_PREFIX = "fr_tail_rank_"
 META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
 INCIDENT_FILE = "incident.json"
+
+
+# Above this many members a strided group's member list is written as a
+# range: every rank's meta.json carries the world group, and at 4,096 ranks
+# its list was half of what a large incident uploaded.
+COMPACT_RANKS_ABOVE = 64
+MAX_RANKS = 1 << 20  # a range this long is an error, not a job
+
+
+def compact_ranks(ranks: list[int]) -> list[int] | dict[str, int]:
+    """`ranks`, or {"start", "stop", "step"} when it is a long arithmetic run."""
+    n = len(ranks)
+    if n <= COMPACT_RANKS_ABOVE:
+        return ranks
+    step = ranks[1] - ranks[0]
+    if step <= 0 or ranks != list(range(ranks[0], ranks[0] + n * step, step)):
+        return ranks
+    return {"start": ranks[0], "stop": ranks[0] + n * step, "step": step}
+
+
+def expand_ranks(value: object) -> list[int] | None:
+    """A meta.json "ranks" value as a list; None when it is neither form."""
+    if isinstance(value, list):
+        return [x for x in value if isinstance(x, int) and not isinstance(x, bool)]
+    if isinstance(value, dict):
+        start, stop, step = value.get("start"), value.get("stop"), value.get("step")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, stop, step)):
+            return None
+        assert isinstance(start, int) and isinstance(stop, int) and isinstance(step, int)
+        if step <= 0 or start < 0 or stop < start or (stop - start) // step > MAX_RANKS:
+            return None
+        return list(range(start, stop, step))
+    return None

@@ -1078,7 +1078,7 @@ class FleetState:
                     "name": topo.group_name(k, rank),
                     "desc": DESC[k],
                     "pg_id": PG_ID[k],
-                    "ranks": topo.group_members(k, rank),
+                    "ranks": formats.compact_ranks(topo.group_members(k, rank)),
                 }
                 for k in KINDS
             ],
