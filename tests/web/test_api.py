@@ -342,3 +342,15 @@ def test_real_analyzer_incident_end_to_end(tmp_path: Path) -> None:
     again = analyze_path(out / incident_id)
     assert again.verdict == inc.report.verdict
     assert again.lagging_ranks == inc.lagging_ranks
+
+
+def test_incident_page_says_which_ranks_were_seen_through_tails(served: Served) -> None:
+    report = harness.hang_report(world=WORLD, stuck=STUCK)
+    plain = served.client.get(f"/incidents/{served.incident}").text
+    assert "From FR tails only" not in plain
+    report.tail_ranks = [r for r in range(WORLD) if r != STUCK]
+    iid = harness.insert_incident(served.ctx, job=JOB, report=report)
+    page = served.client.get(f"/incidents/{iid}").text
+    assert "From FR tails only" in page
+    api = served.client.get(f"/api/incidents/{iid}").json()
+    assert api["report"]["tail_ranks"] == report.tail_ranks
