@@ -46,6 +46,13 @@ from hangwatch.testing.simagents import (
     proc_status_kb,
 )
 
+
+def _sys_s(pid: int) -> float:
+    """Kernel CPU seconds of a process (stime): syscalls, filesystem, syncs."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
+
+
 ANALYSED_RE = re.compile(r"incident (\S+) analysed in ([0-9.]+)s")
 
 
@@ -54,7 +61,7 @@ class CpuSampler:
 
     def __init__(self, pid: int, period: float = 0.2) -> None:
         self.pid = pid
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []  # (wall, cpu, of which kernel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
         self._thread.start()
@@ -62,7 +69,7 @@ class CpuSampler:
     def _run(self, period: float) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.time(), proc_cpu_s(self.pid)))
+                self.samples.append((time.time(), proc_cpu_s(self.pid), _sys_s(self.pid)))
             except OSError:
                 return
             self._stop.wait(period)
@@ -71,9 +78,14 @@ class CpuSampler:
         """CPU seconds and mean cores used between two wall times."""
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
-            return {"cpu_s": 0.0, "cores": 0.0, "wall_s": t1 - t0}
-        (a_t, a_c), (b_t, b_c) = inside[0], inside[-1]
-        return {"cpu_s": b_c - a_c, "cores": (b_c - a_c) / (b_t - a_t), "wall_s": b_t - a_t}
+            return {"cpu_s": 0.0, "sys_s": 0.0, "cores": 0.0, "wall_s": t1 - t0}
+        (a_t, a_c, a_s), (b_t, b_c, b_s) = inside[0], inside[-1]
+        return {
+            "cpu_s": round(b_c - a_c, 2),
+            "sys_s": round(b_s - a_s, 2),
+            "cores": round((b_c - a_c) / (b_t - a_t), 3),
+            "wall_s": round(b_t - a_t, 2),
+        }
 
     def stop(self) -> None:
         self._stop.set()
