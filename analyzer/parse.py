@@ -476,11 +476,19 @@ def _groups(pgs: Sequence[Any], pg_ids: Sequence[Any]) -> tuple[Coded, Coded]:
     if keys is not None:
         pg = _coded(keys, repr, types=frozenset({tuple}), exact=_only_str_or_none)
         if all(len(k) >= 1 for k in (keys[i] for i in pg.reps)):
-            g = _coded([keys[i] for i in pg.reps], lambda k: str(k[0]), types=frozenset({tuple}))
+            # `exact` here too: the distinct reprs may still hash equal
+            # ((0, False) == (0, 0)), and then str() of each differs.
+            g = _coded(
+                [keys[i] for i in pg.reps],
+                lambda k: str(k[0]),
+                types=frozenset({tuple}),
+                exact=_only_str_or_none,
+            )
             d = _coded(
                 [keys[i] for i in pg.reps],
                 lambda k: str(k[1]) if len(k) > 1 and k[1] is not None else "",
                 types=frozenset({tuple}),
+                exact=_only_str_or_none,
             )
             return g.compose(pg), d.compose(pg)
     groups: list[str] = []

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from fr_dumps import SimJob
 from hangwatch.analyzer import parse
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -85,6 +85,7 @@ def test_strings_by_distinct_value_equal_per_value(values: list[Any]) -> None:
         max_size=20,
     )
 )
+@example(pgs=[[0, 0, 0, 0, 0], [0, False, 0, 0, 0]])  # 0 == False, str() differs
 def test_process_groups_by_distinct_value_equal_per_value(pgs: list[Any]) -> None:
     pg_ids = [0] * len(pgs)
     if not all(isinstance(p, list | tuple) and len(p) >= 1 for p in pgs):
