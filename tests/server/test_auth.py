@@ -59,6 +59,18 @@ def test_token_required_on_every_rpc_but_health(
                 iter([pb.BundleChunk(incident_id="x", file_name="f", last=True)]), timeout=5
             )
         assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.UploadFiles(
+                iter(
+                    [
+                        pb.BundleChunks(
+                            chunks=[pb.BundleChunk(incident_id="x", file_name="f", last=True)]
+                        )
+                    ]
+                ),
+                timeout=5,
+            )
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert c.registry.jobs() == []
 
         good = [("authorization", f"Bearer {TOKEN}")]
