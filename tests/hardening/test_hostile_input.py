@@ -140,6 +140,9 @@ def test_oversized_messages_are_refused(hostile: Env) -> None:
     with pytest.raises(grpc.RpcError) as ei:
         hostile.stub.UploadBundle(iter([chunk]), timeout=10)
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(grpc.RpcError) as ei:
+        hostile.stub.UploadFiles(iter([pb.BundleChunks(chunks=[chunk])]), timeout=10)
+    assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     hostile.healthy()
 
 
@@ -180,10 +183,11 @@ def test_malformed_protobuf_bytes_are_refused(hostile: Env, method: str) -> None
 
 @pytest.mark.timeout(60)
 def test_malformed_stream_chunks_are_refused(hostile: Env) -> None:
-    raw = hostile.channel.stream_unary(SERVICE + "UploadBundle")
-    with pytest.raises(grpc.RpcError) as ei:
-        raw(iter([GARBAGE[0], GARBAGE[1]]), timeout=10)
-    _assert_decode_refusal(ei.value)
+    for method in ("UploadBundle", "UploadFiles"):
+        raw = hostile.channel.stream_unary(SERVICE + method)
+        with pytest.raises(grpc.RpcError) as ei:
+            raw(iter([GARBAGE[0], GARBAGE[1]]), timeout=10)
+        _assert_decode_refusal(ei.value)
     watch = hostile.channel.unary_stream(SERVICE + "WatchCommands")
     with pytest.raises(grpc.RpcError) as ei:
         list(watch(GARBAGE[1], timeout=10))
@@ -363,6 +367,10 @@ def test_upload_chunks_never_break(hostile: Env, data: st.DataObject) -> None:
     )
     chunks = data.draw(st.lists(chunk, min_size=0, max_size=4))
     _call(hostile.stub.UploadBundle, iter(chunks))
+    # The same chunks through UploadFiles, cut into messages anywhere.
+    cut = data.draw(st.integers(0, len(chunks)))
+    messages = [pb.BundleChunks(chunks=chunks[:cut]), pb.BundleChunks(chunks=chunks[cut:])]
+    _call(hostile.stub.UploadFiles, iter(messages))
     hostile.healthy()
 
 
