@@ -54,7 +54,6 @@ class PendingFile:
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
     sha256: str = ""
-    done: bool = False
 
 
 class HeldBytes:
@@ -140,7 +139,6 @@ class FileBatch:
             f.sha256 = chunk.sha256.strip().lower()
             if not f.sha256:
                 raise Invalid("final chunk carries no sha256")
-            f.done = True
             self.files.append(f)
             self.current = None
 
