@@ -62,6 +62,7 @@ import grpc
 
 from hangwatch import formats, frtail
 from hangwatch.agent.delta import DeltaReporter
+from hangwatch.agent.uploader import pack_chunks
 from hangwatch.wire import pb, rpc
 
 RANKS_PER_AGENT: Final = 8
@@ -881,18 +882,14 @@ class SimAgent:
             files.extend((r, *f) for f in self.tail_files(r, pos, context))
 
         async def chunks() -> AsyncIterator[pb.BundleChunks]:
-            # Packed as the real agent packs them (agent.uploader.pack_chunks).
-            batch: list[pb.BundleChunk] = []
-            held = 0
-            for r, name, data, digest in files:
-                async for c in _chunks(self, incident_id, r, name, data, digest):
-                    if batch and held + len(c.data) > CHUNK_BYTES:
-                        yield pb.BundleChunks(chunks=batch)
-                        batch, held = [], 0
-                    batch.append(c)
-                    held += len(c.data)
-            if batch:
-                yield pb.BundleChunks(chunks=batch)
+            # Packed by the real agent's own packer.
+            every = (
+                c
+                for r, name, data, digest in files
+                for c in _chunk_list(self, incident_id, r, name, data, digest)
+            )
+            for msg in pack_chunks(every, CHUNK_BYTES):
+                yield msg
 
         try:
             ack = await self.stub.UploadFiles(
@@ -986,6 +983,13 @@ class SimAgent:
 async def _chunks(
     agent: SimAgent, incident_id: str, rank: int, name: str, data: bytes, digest: str
 ) -> AsyncIterator[pb.BundleChunk]:
+    for c in _chunk_list(agent, incident_id, rank, name, data, digest):
+        yield c
+
+
+def _chunk_list(
+    agent: SimAgent, incident_id: str, rank: int, name: str, data: bytes, digest: str
+) -> Iterable[pb.BundleChunk]:
     total = len(data)
     offset = 0
     while True:
