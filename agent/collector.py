@@ -281,6 +281,10 @@ def collect_rank(
         "gpu": gpu,
         "errors": errors,
     }
+    if tail_context > 0 and stacks:
+        # A tails-first incident uploads meta.json and not stacks.txt: one
+        # file fewer per rank is 4,096 fewer creates at the coordinator.
+        meta["stacks"] = stacks
     # Compact: with indent, json falls back to its pure-Python encoder, and a
     # 4,096-member default group makes that 2.6 ms and 42 KB per rank.
     files[formats.META_FILE] = json.dumps(meta, separators=(",", ":")).encode()

@@ -411,15 +411,19 @@ class Agent:
             )
 
     def _upload_phase_one(self, p: PendingDump) -> None:
-        """Every local rank's tail (or its whole FR when no tail could be cut),
-        meta and stacks in one stream; the full FR files are marked done here
-        and wait on disk for an UPLOAD_FULL."""
+        """Every local rank's tail (or its whole FR when no tail could be cut)
+        and meta (stacks inside) in one stream; the full FR files are marked
+        done here and wait on disk for an UPLOAD_FULL."""
         todo: list[tuple[str, int]] = []
         for b in p.bundles:
             tail = f"{formats.FR_TAIL_PREFIX}{b.rank}"
             full = f"{formats.FR_FILE_PREFIX}{b.rank}"
             for name in b.files:
-                if name == full and tail in b.files:
+                # Kept on the node: the full FR until UPLOAD_FULL; stacks.txt
+                # when meta.json carries the same text.
+                if (name == full and tail in b.files) or (
+                    name == formats.STACKS_FILE and "stacks" in b.meta
+                ):
                     p.uploaded.add((b.rank, name))
                 elif (b.rank, name) not in p.uploaded:
                     todo.append((os.path.join(b.directory, name), b.rank))

@@ -560,6 +560,11 @@ def load_dumps(
             continue
         if selected is not None and r not in selected:
             continue
+        embedded = meta.pop("stacks", None)
+        if isinstance(embedded, str):  # tails-first bundles carry them in meta.json
+            meta["stacks"] = embedded[:MAX_STACKS_BYTES]
+        elif embedded is not None:
+            errors.append(FileError(file=rel, error="meta.json 'stacks' is not text; ignored"))
         sp = mp.parent / formats.STACKS_FILE
         if sp.is_file():
             try:

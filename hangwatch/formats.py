@@ -48,6 +48,7 @@ RANKMETA = "hangwatch.rankmeta/1"
 #              "stacks": "worker-server"|"py-spy"|"none",
 #              "gpu": "nvml"|"none", "process": "procfs"},
 #  "gpu": {...} | {"available": false, "reason": "..."},
+#  "stacks": "..." (only in a tails-first incident, instead of stacks.txt),
 #  "errors": {"fr": "...", "stacks": "..."}}
 
 HOOK_DIR = "hook"

@@ -866,12 +866,13 @@ class SimAgent:
     def tail_files(self, rank: int, pos: RankPos, context: int) -> list[tuple[str, bytes, str]]:
         """(name, bytes, sha256 hex) of one rank's phase-one files."""
         fr = self.fleet.tail_with_digest(rank, pos, context)
-        files = [(f"{formats.FR_TAIL_PREFIX}{rank}", *fr)]
-        files.append((formats.META_FILE, *self.fleet.meta_with_digest(rank)))
-        if self.spec.stacks:
-            st = stacks_text(rank, pos, self.pids[rank]).encode()
-            files.append((formats.STACKS_FILE, st, hashlib.sha256(st).hexdigest()))
-        return files
+        # Stacks ride inside meta.json, as the real agent sends them here.
+        st = stacks_text(rank, pos, self.pids[rank]) if self.spec.stacks else None
+        meta = self.fleet.meta_bytes(rank, stacks=st)
+        return [
+            (f"{formats.FR_TAIL_PREFIX}{rank}", *fr),
+            (formats.META_FILE, meta, hashlib.sha256(meta).hexdigest()),
+        ]
 
     async def _upload_tails(
         self, rec: DumpRecord, incident_id: str, idx: int, context: int
@@ -1066,7 +1067,7 @@ class FleetState:
         data = self.tail_factory(context).dump_bytes(rank, pos)
         return data, hashlib.sha256(data).hexdigest()
 
-    def meta_bytes(self, rank: int) -> bytes:
+    def meta_bytes(self, rank: int, *, stacks: str | None = None) -> bytes:
         """meta.json as the real agent writes it (compact, every group's members)."""
         topo = self.topo
         node = rank // RANKS_PER_AGENT
@@ -1095,6 +1096,8 @@ class FleetState:
             "gpu": {"available": False, "reason": "simulated agent"},
             "errors": {},
         }
+        if stacks is not None:
+            meta["stacks"] = stacks
         return json.dumps(meta, separators=(",", ":")).encode()
 
     def meta_with_digest(self, rank: int) -> tuple[bytes, str]:

@@ -263,9 +263,15 @@ def test_agent_two_phase_collection_with_the_real_coordinator(
     assert not (incident_dir / "rank_0" / "fr_trace_rank_0").exists()
     local = hang_job.run_dir / "bundles" / incident_dir.name
     for rank in (0, 1):
-        for name in (f"fr_tail_rank_{rank}", "meta.json", "stacks.txt"):
+        for name in (f"fr_tail_rank_{rank}", "meta.json"):
             mine = (local / f"rank_{rank}" / name).read_bytes()
             assert mine == (incident_dir / f"rank_{rank}" / name).read_bytes(), name
+        # Stacks travel inside meta.json; stacks.txt stays on the node.
+        assert not (incident_dir / f"rank_{rank}" / "stacks.txt").exists()
+        meta = json.loads((local / f"rank_{rank}" / "meta.json").read_text())
+        assert meta["stacks"] == (local / f"rank_{rank}" / "stacks.txt").read_text()
+        ev = row.report.evidence[rank]
+        assert ev.stacks and "Thread" in ev.stacks, ev
         tail = parse_dump_bytes((local / f"rank_{rank}" / f"fr_tail_rank_{rank}").read_bytes())
         whole = parse_dump_bytes((local / f"rank_{rank}" / f"fr_trace_rank_{rank}").read_bytes())
         assert 0 < len(tail["entries"]) < len(whole["entries"])

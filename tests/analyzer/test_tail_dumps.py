@@ -436,3 +436,22 @@ def test_max_members_drops_only_big_groups_member_lists() -> None:
     assert out[TAIL_KEY]["members_dropped"] == ["0"]
     assert "ranks" in dump["pg_config"]["0"]  # the caller's dump is not touched
     assert "members_dropped" not in tail_dump(dump, context=8)[TAIL_KEY]
+
+
+def test_stacks_inside_meta_json_reach_the_evidence(tmp_path: Path) -> None:
+    """A tails-first bundle carries each rank's stacks in meta.json, not stacks.txt."""
+    import shutil
+
+    src = GOLDEN_DIR / "skip"
+    dst = tmp_path / "skip"
+    shutil.copytree(src, dst)
+    text = (dst / "rank_0" / formats.STACKS_FILE).read_text()
+    (dst / "rank_0" / formats.STACKS_FILE).unlink()
+    meta0 = json.loads((dst / "rank_0" / formats.META_FILE).read_text())
+    (dst / "rank_0" / formats.META_FILE).write_text(json.dumps({**meta0, "stacks": text}))
+    meta1 = json.loads((dst / "rank_1" / formats.META_FILE).read_text())
+    (dst / "rank_1" / formats.META_FILE).write_text(json.dumps({**meta1, "stacks": {"x": 1}}))
+    report = analyze_path(dst)
+    assert report.evidence[0].stacks == text
+    assert [e.error for e in report.errors] == ["meta.json 'stacks' is not text; ignored"]
+    assert report.lagging_ranks == analyze_path(src).lagging_ranks

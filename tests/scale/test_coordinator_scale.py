@@ -10,6 +10,7 @@ the simulation made lag, in the TP group and at the seq it never entered.
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
 from pathlib import Path
@@ -158,7 +159,8 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
 
     assert stats["errors"] == []
     assert stats["dumps_done"] == RANKS // 8 and stats["dumps_rejected"] == 0
-    assert stats["files_uploaded"] == 3 * RANKS
+    # Tails-first: FR tail and meta.json (stacks inside); else FR, meta, stacks.
+    assert stats["files_uploaded"] == (2 if two_phase else 3) * RANKS
     assert stats["reports_failed"] == 0
     assert stats["tail_dumps"] == (RANKS // 8 if two_phase else 0)
     # Phase two: the lagging rank's full history, and nobody else's.
@@ -170,8 +172,9 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
     for r in range(RANKS):
         rank_dir = bundle / f"rank_{r}"
         pos = rank_pos(r, 1 << 40, hang)
-        assert (rank_dir / formats.META_FILE).is_file()
-        assert (rank_dir / formats.STACKS_FILE).is_file()
+        meta = json.loads((rank_dir / formats.META_FILE).read_text())
+        assert (rank_dir / formats.STACKS_FILE).is_file() != two_phase, f"rank {r}"
+        assert ("stacks" in meta) == two_phase, f"rank {r}"
         full_path = rank_dir / f"{formats.FR_FILE_PREFIX}{r}"
         if two_phase:
             tail = (rank_dir / f"{formats.FR_TAIL_PREFIX}{r}").read_bytes()
@@ -183,3 +186,5 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
         if full_path.is_file():
             assert full_path.read_bytes() == full.dump_bytes(r, pos), f"rank {r}"
     assert not list(bundle.rglob("*.part"))
+    # Either way the lagging rank's stacks reach the verdict's evidence.
+    assert "_bias_dropout_add" in (inc["report"]["evidence"][str(LAGGING)]["stacks"] or "")
