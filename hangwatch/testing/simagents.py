@@ -865,14 +865,7 @@ class SimAgent:
 
     def tail_files(self, rank: int, pos: RankPos, context: int) -> list[tuple[str, bytes, str]]:
         """(name, bytes, sha256 hex) of one rank's phase-one files."""
-        fr = self.fleet.tail_with_digest(rank, pos, context)
-        # Stacks ride inside meta.json, as the real agent sends them here.
-        st = stacks_text(rank, pos, self.pids[rank]) if self.spec.stacks else None
-        meta = self.fleet.meta_bytes(rank, stacks=st)
-        return [
-            (f"{formats.FR_TAIL_PREFIX}{rank}", *fr),
-            (formats.META_FILE, meta, hashlib.sha256(meta).hexdigest()),
-        ]
+        return self.fleet.phase_one_files(rank, pos, context, self.pids[rank])
 
     async def _upload_tails(
         self, rec: DumpRecord, incident_id: str, idx: int, context: int
@@ -1037,6 +1030,7 @@ class FleetState:
         self.tasks: set[asyncio.Task[None]] = set()
         self._digests: dict[tuple[int, RankPos], str] = {}
         self._metas: dict[int, tuple[bytes, str]] = {}
+        self._phase_one: dict[tuple[int, RankPos, int], list[tuple[str, bytes, str]]] = {}
         self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-sha")
 
     def spawn(self, coro: Any) -> None:
@@ -1120,13 +1114,33 @@ class FleetState:
         final = {r: rank_pos(r, 1 << 62, hang) for r in mine}
         self._hasher.submit(self._prehash, final)
 
+    def phase_one_files(
+        self, rank: int, pos: RankPos, context: int, pid: int
+    ) -> list[tuple[str, bytes, str]]:
+        got = self._phase_one.pop((rank, pos, context), None)
+        if got is not None:
+            return got
+        fr = self.tail_with_digest(rank, pos, context)
+        # Stacks ride inside meta.json, as the real agent sends them here.
+        st = stacks_text(rank, pos, pid) if self.spec.stacks else None
+        meta = self.meta_bytes(rank, stacks=st)
+        return [
+            (f"{formats.FR_TAIL_PREFIX}{rank}", *fr),
+            (formats.META_FILE, meta, hashlib.sha256(meta).hexdigest()),
+        ]
+
     def _prehash(self, final: dict[int, RankPos]) -> None:
+        # What the DUMP will send, built while the stall timeout runs: real
+        # agents build theirs on 512 machines at once, not on one event loop.
         for r, pos in final.items():
             if self.spec.prehash_full:
                 data = self.dumps.dump_bytes(r, pos)
                 self._digests[(r, pos)] = hashlib.sha256(data).hexdigest()
-            meta = self.meta_bytes(r)
-            self._metas[r] = (meta, hashlib.sha256(meta).hexdigest())
+                meta = self.meta_bytes(r)
+                self._metas[r] = (meta, hashlib.sha256(meta).hexdigest())
+            else:
+                key = (r, pos, frtail.DEFAULT_CONTEXT)
+                self._phase_one[key] = self.phase_one_files(r, pos, key[2], 10_000 + r)
 
     def stats(self) -> dict[str, Any]:
         return merge_stats([asdict(a.stats) for a in self.agents])
