@@ -16,7 +16,9 @@ Incident bundle (the agent's local copy and the coordinator's copy alike):
                                        what a large incident collects first;
                                        the full file follows on demand
     <bundle>/rank_<R>/meta.json        RANKMETA
-    <bundle>/rank_<R>/stacks.txt       Python stacks, all threads (when taken)
+    <bundle>/rank_<R>/stacks.txt       Python stacks, all threads (when taken; a
+                                       tails-first upload carries them inside
+                                       meta.json instead)
 
 The analyzer's loader reads a bundle through the same door as a plain dump
 directory: FR files are found by their trailing rank number and each
