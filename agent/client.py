@@ -89,6 +89,7 @@ class CoordinatorClient:
         self._session_id = ""
         self._registered = threading.Event()
         self.poll_interval_hint = 0.0
+        self.heartbeat_hint = 0.0  # RegisterResponse.heartbeat_s
 
     # --- session ----------------------------------------------------------
 
@@ -118,6 +119,7 @@ class CoordinatorClient:
         with self._lock:
             self._session_id = resp.session_id
             self.poll_interval_hint = resp.poll_interval_s
+            self.heartbeat_hint = resp.heartbeat_s
             self._registered.set()
         log.info(
             "registered %d ranks as %s (session %s)", len(ranks), self.agent_id, resp.session_id

@@ -45,10 +45,13 @@ class DeltaReporter:
         self._sent: dict[int, tuple[Any, ...]] = {}
         self._last_full = float("-inf")
 
-    def reset(self) -> None:
-        """After a (re-)register: the coordinator knows nothing; send everything."""
+    def reset(self, heartbeat_s: float = 0.0) -> None:
+        """After a (re-)register: the coordinator knows nothing; send everything.
+        `heartbeat_s` is the coordinator's ask (RegisterResponse), if any."""
         self._sent.clear()
         self._last_full = float("-inf")
+        if heartbeat_s > 0:
+            self.full_every_s = heartbeat_s
 
     def select(
         self, ranks: Sequence[pb.RankProgress], now: float

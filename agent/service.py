@@ -274,7 +274,7 @@ class Agent:
                     self._need_register = True
                 raise
             self._progress_sent = 0
-            self._delta.reset()
+            self._delta.reset(self.client.heartbeat_hint)
         with self._lock:
             seq, progress = self._progress_seq, list(self._progress)
         if seq > self._progress_sent:

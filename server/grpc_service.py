@@ -174,7 +174,12 @@ class CoordinatorService(rpc.CoordinatorServicer):
             request.job_id,
         )
         self._ok("Register")
-        return pb.RegisterResponse(session_id=session_id, poll_interval_s=self.poll_interval_s)
+        return pb.RegisterResponse(
+            session_id=session_id,
+            poll_interval_s=self.poll_interval_s,
+            # Three heartbeats per lost-agent timeout: one late report is not a loss.
+            heartbeat_s=self.registry.agent_lost_timeout / 3,
+        )
 
     async def _apply_known(
         self,

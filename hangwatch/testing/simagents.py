@@ -702,7 +702,7 @@ class SimAgent:
                 await asyncio.sleep(0.2 * 2**attempt)
         self.session_id = resp.session_id
         self.stats.registered += 1
-        self.delta.reset()
+        self.delta.reset(resp.heartbeat_s)
 
     def progress_report(self, now: float) -> pb.ProgressReport:
         clock, hang = self.fleet.clock, self.fleet.hang

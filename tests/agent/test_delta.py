@@ -56,3 +56,15 @@ def test_no_ranks_still_heartbeats() -> None:
     d.commit([], True, now=0.0)
     assert d.select([], now=1.0) is None
     assert d.select([], now=3.5) == ([], True)
+
+
+def test_the_coordinators_heartbeat_wins_after_register() -> None:
+    d = DeltaReporter(full_every_s=3.0)
+    d.reset(1.0)  # RegisterResponse.heartbeat_s: its lost-agent timeout is 3 s
+    pick = d.select([_rank(0, 1)], now=0.0)
+    assert pick is not None
+    d.commit(pick[0], pick[1], now=0.0)
+    assert d.select([_rank(0, 1)], now=0.5) is None
+    assert d.select([_rank(0, 1)], now=1.0) == ([_rank(0, 1)], True)
+    d.reset(0.0)  # an older coordinator sends none: keep what we have
+    assert d.full_every_s == 1.0

@@ -47,6 +47,8 @@ def test_register_progress_and_unknown_session(
     a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=2)
     resp = a.register()
     assert len(resp.session_id) == 32
+    # Agents that report only changes must heartbeat well inside the lost-agent timeout.
+    assert resp.heartbeat_s == pytest.approx(coordinator.registry.agent_lost_timeout / 3)
     assert a.progress({0: (3, 3), 1: (3, 2)})
     snap = coordinator.registry.snapshot(JOB)
     assert snap is not None and snap.world_size == 2

@@ -91,12 +91,14 @@ class RegisterRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., host: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "poll_interval_s")
+    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     poll_interval_s: float
-    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ...) -> None: ...
+    heartbeat_s: float
+    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
 
 class InFlight(_message.Message):
     __slots__ = ("seq", "op", "age_s")
