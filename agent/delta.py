@@ -4,9 +4,11 @@ A hung job is the moment the coordinator is busiest (dump fan-out and
 collection) and the moment its ranks' progress stops changing. Reporting
 every rank every poll would keep the coordinator ingesting ~4,096 identical
 rank reports a second through the incident. So a report carries only the
-ranks whose numbers changed since the last one sent, and every
-FULL_REPORT_S all of them, which keeps the agent alive in the coordinator's
-eyes (its lost-agent timeout defaults to 10 s) and refreshes in-flight ages.
+ranks whose numbers changed since the last one sent, and every heartbeat
+all of them, which keeps the agent alive in the coordinator's eyes and
+refreshes in-flight ages. The coordinator names the heartbeat in
+RegisterResponse (a third of its lost-agent timeout); FULL_REPORT_S is the
+default for one that does not.
 """
 
 from __future__ import annotations
