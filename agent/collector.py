@@ -305,6 +305,28 @@ def _compact_group(g: Any) -> Any:
     return g
 
 
+def prune_bundles(run_dir: str, *, keep: int, protect: set[str]) -> list[str]:
+    """Delete all but the `keep` newest incident bundles; returns what went.
+
+    The full dumps of a tails-first incident wait here for an UPLOAD_FULL, so
+    bundles are kept, but a training node's disk must not fill with them.
+    """
+    root = os.path.join(run_dir, formats.BUNDLES_DIR)
+    try:
+        entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    # Newest first; the half-built dot-dirs of _write_rank_dir live one level down.
+    entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+    removed = []
+    for e in entries[max(0, keep) :]:
+        if e.name in protect or e.name.startswith("."):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed.append(e.name)
+    return removed
+
+
 def rank_dir(run_dir: str, incident_id: str, rank: int) -> str:
     return os.path.join(run_dir, formats.BUNDLES_DIR, incident_id, f"rank_{rank}")
 

@@ -370,6 +370,13 @@ class Agent:
         log.info("dump for incident %s (%s)", iid, cmd.reason)
         t0 = time.monotonic()
         p = self.collect(iid, tail_context=cmd.tail_context)
+        with self._pending_lock:
+            busy = set(self.pending)
+        gone = collector.prune_bundles(
+            self.run_dir, keep=self.cfg.keep_bundles, protect=busy | {iid}
+        )
+        if gone:
+            log.info("deleted %d old incident bundle(s): %s", len(gone), ", ".join(gone))
         log.info(
             "incident %s: collected %d ranks in %.2fs",
             iid,

@@ -253,6 +253,16 @@ class Config:
             [AGENT],
         ),
     )
+    keep_bundles: int = field(
+        default=20,
+        metadata=_opt(
+            "--keep-bundles",
+            env.HANGWATCH_KEEP_BUNDLES,
+            "Incident bundles an agent keeps in its run dir, newest first; older ones are deleted"
+            " (a bundle still being uploaded never is).",
+            [AGENT],
+        ),
+    )
     fr_buffer_size: int = field(
         default=2000,
         metadata=_opt(
