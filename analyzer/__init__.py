@@ -10,12 +10,32 @@ loads a bundle once and may analyze it per group).
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from hangwatch.analyzer.diagnose import analyze
-from hangwatch.analyzer.loader import LoadedDumps, load_dumps
-from hangwatch.analyzer.report import Report
+if TYPE_CHECKING:
+    from hangwatch.analyzer.diagnose import analyze
+    from hangwatch.analyzer.loader import LoadedDumps, load_dumps
+    from hangwatch.analyzer.report import Report
+
+# Imported on first use, not with the package: the node agent reads pickles
+# through hangwatch.analyzer.safepickle when it cuts FR tails, and must not
+# pay for pandas and numpy (~100 MB, ~1 s) in the sidecar to do so.
+_LAZY = {
+    "analyze": "hangwatch.analyzer.diagnose",
+    "LoadedDumps": "hangwatch.analyzer.loader",
+    "load_dumps": "hangwatch.analyzer.loader",
+    "Report": "hangwatch.analyzer.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def analyze_path(
@@ -28,6 +48,9 @@ def analyze_path(
     progress: bool = False,
 ) -> Report:
     """Load every dump under `path` (a directory or an incident bundle) and diagnose it."""
+    from hangwatch.analyzer.diagnose import analyze
+    from hangwatch.analyzer.loader import load_dumps
+
     loaded = load_dumps(
         path,
         prefix=prefix,

@@ -14,6 +14,7 @@ process), warmed at start so the first incident does not pay the imports.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import resource
@@ -31,7 +32,9 @@ log = logging.getLogger("hangwatch.server")
 def _init_child(limit_bytes: int) -> None:
     if limit_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    import hangwatch.analyzer  # noqa: F401  (warm: pandas and the loader)
+    # Warm pandas and the loader once per child, not per incident.
+    importlib.import_module("hangwatch.analyzer.loader")
+    importlib.import_module("hangwatch.analyzer.diagnose")
 
 
 def _warm() -> bool:
