@@ -337,12 +337,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
                         complete=True,
                     )
             error = (grpc.StatusCode.INVALID_ARGUMENT, "stream ended before the chunk marked last")
-        except Invalid as e:
-            error = (grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except UploadError as e:
-            error = (grpc.StatusCode[e.code], str(e))
-        except _NotFound as e:
-            error = (grpc.StatusCode.NOT_FOUND, str(e))
+        except (Invalid, UploadError, _NotFound) as e:
+            error = _refusal(e)
         finally:
             if up is not None and not finished and claimed:
                 up.abort()
@@ -374,12 +370,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
             acks = await self._store_batch(incident_id, batch) if batch.files else []
             self._ok("UploadFiles")
             return pb.UploadFilesAck(files=acks)
-        except Invalid as e:
-            error = (grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except UploadError as e:
-            error = (grpc.StatusCode[e.code], str(e))
-        except _NotFound as e:
-            error = (grpc.StatusCode.NOT_FOUND, str(e))
+        except (Invalid, UploadError, _NotFound) as e:
+            error = _refusal(e)
         except OSError as e:
             # A full or read-only data dir: the agent keeps its copy and retries.
             error = (grpc.StatusCode.UNAVAILABLE, f"cannot store the files: {e}")
@@ -488,3 +480,12 @@ class CoordinatorService(rpc.CoordinatorServicer):
 
 class _NotFound(Exception):
     pass
+
+
+def _refusal(e: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status an upload refused for `e` is answered with."""
+    if isinstance(e, UploadError):
+        return grpc.StatusCode[e.code], str(e)
+    if isinstance(e, _NotFound):
+        return grpc.StatusCode.NOT_FOUND, str(e)
+    return grpc.StatusCode.INVALID_ARGUMENT, str(e)

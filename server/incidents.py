@@ -249,9 +249,7 @@ class IncidentManager:
         for job_id in self.registry.jobs() if scan else ():
             if self.registry.open_incident(job_id) is not None:
                 continue
-            stalls = [
-                s for s in self.registry.stalls(job_id, over_timeout_only=True) if s.over_timeout
-            ]
+            stalls = self.registry.stalls(job_id, over_timeout_only=True)
             if stalls:
                 self._on_stalls(job_id, stalls)
         now = self.registry.now()
