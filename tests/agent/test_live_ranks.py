@@ -6,11 +6,14 @@ of the default group. Tests run in file order and share the job.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hangwatch.agent import collector, endpoint
@@ -151,49 +154,63 @@ def test_collect_bundle_with_a_frozen_rank(hang_job: Job, tmp_path: Path) -> Non
         assert meta1["gpu"]["reason"]
 
 
-@pytest.mark.timeout(90)
-def test_agent_end_to_end_with_the_real_coordinator(hang_job: Job, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _agent_against_coordinator(
+    hang_job: Job, data: Path, *, job_id: str, node_id: str, token: str | None = None, **server: Any
+) -> Iterator[tuple[Any, Agent]]:
+    """A real coordinator on port 0 and a real agent over the hung job; the
+    agent must stop within 8 s of being asked."""
     from hangwatch.server.coordinator import Coordinator
 
-    token = "s3cret-token"
     server_cfg = Config(
-        data_dir=str(tmp_path / "data"),
+        data_dir=str(data),
         grpc_port=0,
         http_port=0,
         stall_timeout=1.0,
         dump_deadline=20.0,
         token=token,
+        **server,
     )
     with Coordinator(server_cfg) as coord:
-        cfg = Config(
-            coordinator=coord.grpc_address,
-            run_dir=str(hang_job.run_dir),
-            poll_interval=0.3,
-            job_id="live",
-            node_id="node-a",
-            token=token,
-            pyspy=PYSPY,
+        agent = Agent(
+            Config(
+                coordinator=coord.grpc_address,
+                run_dir=str(hang_job.run_dir),
+                poll_interval=0.3,
+                job_id=job_id,
+                node_id=node_id,
+                token=token,
+                pyspy=PYSPY,
+            )
         )
-        agent = Agent(cfg)
         th = threading.Thread(target=agent.run, daemon=True)
         th.start()
         try:
-            incident_dir = None
-            deadline = time.monotonic() + 45
-            while time.monotonic() < deadline and incident_dir is None:
-                time.sleep(0.3)
-                for d in (tmp_path / "data").rglob("incident.json"):
-                    inc = json.loads(d.read_text())
-                    if sorted(inc.get("ranks_dumped", [])) == [0, 1]:
-                        incident_dir = d.parent
-            assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
-            snap = coord.registry.snapshot("live")
-            assert snap is not None and sorted(r.rank for r in snap.ranks) == [0, 1]
+            yield coord, agent
         finally:
             agent.stop.set()
             t = time.monotonic()
             th.join(10)
             assert not th.is_alive() and time.monotonic() - t < 8
+
+
+@pytest.mark.timeout(90)
+def test_agent_end_to_end_with_the_real_coordinator(hang_job: Job, tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with _agent_against_coordinator(
+        hang_job, tmp_path / "data", job_id="live", node_id="node-a", token=token
+    ) as (coord, agent):
+        incident_dir = None
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and incident_dir is None:
+            time.sleep(0.3)
+            for d in (tmp_path / "data").rglob("incident.json"):
+                inc = json.loads(d.read_text())
+                if sorted(inc.get("ranks_dumped", [])) == [0, 1]:
+                    incident_dir = d.parent
+        assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
+        snap = coord.registry.snapshot("live")
+        assert snap is not None and sorted(r.rank for r in snap.ranks) == [0, 1]
     # The coordinator's copy is byte-identical to the agent's local copy.
     local = hang_job.run_dir / "bundles" / incident_dir.name
     for rank in (0, 1):
@@ -210,53 +227,33 @@ def test_agent_two_phase_collection_with_the_real_coordinator(
 ) -> None:
     """full_dump_max_ranks=0 forces a small job down the large-job path: tails,
     metas and stacks first in one stream, then the lagging rank's full dump."""
-    from hangwatch.server.coordinator import Coordinator
-
-    server_cfg = Config(
-        data_dir=str(tmp_path / "data"),
-        grpc_port=0,
-        http_port=0,
-        stall_timeout=1.0,
-        dump_deadline=20.0,
+    with _agent_against_coordinator(
+        hang_job,
+        tmp_path / "data",
+        job_id="live2",
+        node_id="node-b",
         full_dump_max_ranks=0,
         tail_context=2,
-    )
-    with Coordinator(server_cfg) as coord:
-        cfg = Config(
-            coordinator=coord.grpc_address,
-            run_dir=str(hang_job.run_dir),
-            poll_interval=0.3,
-            job_id="live2",
-            node_id="node-b",
-            pyspy=PYSPY,
+    ) as (coord, _agent):
+        incident_dir: Path | None = None
+        full = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            for d in (tmp_path / "data").rglob("incident.json"):
+                incident_dir = d.parent
+            if incident_dir is not None:
+                full = incident_dir / "rank_1" / "fr_trace_rank_1"
+                if full.is_file():
+                    break
+        assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
+        assert full is not None and full.is_file(), sorted(
+            str(p.relative_to(incident_dir)) for p in incident_dir.rglob("*")
         )
-        agent = Agent(cfg)
-        th = threading.Thread(target=agent.run, daemon=True)
-        th.start()
-        try:
-            incident_dir: Path | None = None
-            full = None
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                time.sleep(0.3)
-                for d in (tmp_path / "data").rglob("incident.json"):
-                    incident_dir = d.parent
-                if incident_dir is not None:
-                    full = incident_dir / "rank_1" / "fr_trace_rank_1"
-                    if full.is_file():
-                        break
-            assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
-            assert full is not None and full.is_file(), sorted(
-                str(p.relative_to(incident_dir)) for p in incident_dir.rglob("*")
-            )
-            row = coord.store.get_incident(incident_dir.name)
-            assert row is not None and row.report is not None
-            assert row.report.lagging_ranks == [1], row.report.summary
-            uploads = coord.metrics.render_prometheus()
-        finally:
-            agent.stop.set()
-            th.join(10)
-            assert not th.is_alive()
+        row = coord.store.get_incident(incident_dir.name)
+        assert row is not None and row.report is not None
+        assert row.report.lagging_ranks == [1], row.report.summary
+        uploads = coord.metrics.render_prometheus()
     inc = json.loads((incident_dir / "incident.json").read_text())
     assert inc["tail_context"] == 2 and sorted(inc["ranks_dumped"]) == [0, 1]
     # Rank 0 is not lagging: its full history stayed on the node.
