@@ -13,6 +13,8 @@ what the benchmark ships is exactly what a real agent would.
 
 from __future__ import annotations
 
+import json
+import pickle
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -149,9 +151,7 @@ def tail_bytes(
     every entry. Raises ValueError on anything that is not a dump. Either
     way the caller ships the whole file instead.
     """
-    import json
-    import pickle
-
+    # Here, not at the top: the analyzer's parser imports this module.
     from hangwatch.analyzer.safepickle import safe_loads
 
     head = data[:64].lstrip()[:1]
