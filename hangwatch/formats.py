@@ -33,6 +33,11 @@ RANKINFO = "hangwatch.rankinfo/1"
 #  "fr_source": "worker-server"|"thread", "started_unix": float,
 #  "groups": [{"name", "desc", "pg_id", "ranks": [...]}]}
 
+# What the hook's status handler answers: one status-only dump per recorder
+# instance (hangwatch.recorders).
+FRSTATUS = "hangwatch.frstatus/1"
+# {"schema", "recorders": [{"instance", "pg_status": {pg_id: {...}}} | {"instance", "error"}]}
+
 HOOK_EVENT = "hangwatch.hookevent/1"
 # {"schema", "kind": "collective-timeout"|..., "rank", "detail", "unix": float}
 
@@ -58,6 +63,30 @@ FR_DIR = "fr"
 BUNDLES_DIR = "bundles"
 FR_FILE_PREFIX = "fr_trace_rank_"
 FR_TAIL_PREFIX = "fr_tail_rank_"
+# The recorder instance whose files keep the plain prefixes (torch's default one).
+GENERIC_INSTANCE = "gloo"
+
+
+def fr_file_prefix(instance: str = "") -> str:
+    """A rank's FR file name without the rank, per recorder instance:
+    fr_trace_rank_<R> for the generic (gloo) one, fr_<instance>_rank_<R> for others."""
+    if not instance or instance == GENERIC_INSTANCE:
+        return FR_FILE_PREFIX
+    return f"fr_{instance}_rank_"
+
+
+def fr_tail_prefix(instance: str = "") -> str:
+    if not instance or instance == GENERIC_INSTANCE:
+        return FR_TAIL_PREFIX
+    return f"fr_tail_{instance}_rank_"
+
+
+def tail_name_for(fr_name: str) -> str:
+    """The tail file that goes with a full FR file name."""
+    assert fr_name.startswith("fr_"), fr_name
+    return "fr_tail_" + fr_name[len("fr_") :].removeprefix("trace_")
+
+
 META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
 INCIDENT_FILE = "incident.json"

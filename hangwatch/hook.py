@@ -50,6 +50,7 @@ from typing import Any
 
 from hangwatch import config as config_mod
 from hangwatch import env, formats, hook_protocol
+from hangwatch import recorders as recorders_mod
 
 log = logging.getLogger("hangwatch.hook")
 
@@ -100,6 +101,15 @@ class _State:
     rankinfo_path: str | None = None
     started_unix: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Replaced whole (never mutated) on each group change: handler threads read it unlocked.
+    recorders: tuple[recorders_mod.Recorder, ...] = ()
+    # What attach() decided about torch's env, logged once this process turns
+    # out to be a rank: the launcher, data-loader and compile workers log nothing.
+    pending_logs: list[tuple[int, str]] = field(default_factory=list)
+    announced: bool = False
+    # Dump-on-timeout file prefixes torch will really use (the job's, when it set them).
+    dump_prefixes: dict[str, str] = field(default_factory=dict)
+    abort_hooked: set[int] = field(default_factory=set)
 
 
 _state: _State | None = None
@@ -178,6 +188,15 @@ def _result(st: _State) -> AttachResult:
 
 
 def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size: int) -> None:
+    """torch's FR variables, the torchtitan way: set what the job left unset, keep
+    what it set, and say which (once the process is known to be a rank).
+
+    torch reads each setting under two names, the 2.15 one first
+    (TORCH_FR_DUMP_ON_TIMEOUT before TORCH_NCCL_DUMP_ON_TIMEOUT; for the
+    dump file, TORCH_FR_DUMP_TEMP_FILE before TORCH_NCCL_DEBUG_INFO_TEMP_FILE).
+    Setting only one name could shadow a value the job gave under the other,
+    so a pair is set whole or not at all.
+    """
     if _C10D in sys.modules and _torch_pg_initialized():
         msg = (
             "attach() ran after init_process_group: the flight recorder already exists, so "
@@ -185,26 +204,32 @@ def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size
         )
         log.warning("hangwatch: %s", msg)
         st.reasons.append(msg)
-    prefix = hook_protocol.fr_dump_prefix(st.run_dir)
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    # Defaults: the user's value wins.
     _default(st, environ, env.TORCH_FR_BUFFER_SIZE, str(buffer_size))
     if _torch_older_than(2, 7):
         # Older torch knows only the NCCL-era name; newer torch warns that it is deprecated.
         _default(st, environ, env.TORCH_NCCL_TRACE_BUFFER_SIZE, str(buffer_size))
     _default(st, environ, env.TORCH_INCLUDE_STACK_TRACE, "1")
-    # Required: the agent watches this directory, so hangwatch's value wins.
-    for name, value in (
-        (env.TORCH_NCCL_DUMP_ON_TIMEOUT, "1"),
-        (env.TORCH_FR_DUMP_TEMP_FILE, prefix),
-        (env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE, prefix),
+    _default_pair(st, environ, env.DUMP_ON_TIMEOUT_NAMES, "1")
+    prefix = hook_protocol.fr_dump_prefix(st.run_dir)
+    _default_pair(st, environ, env.DUMP_FILE_NAMES, prefix)
+    if environ.get(env.TORCH_FR_DUMP_ON_TIMEOUT, environ.get(env.TORCH_NCCL_DUMP_ON_TIMEOUT)) in (
+        "0",
+        "false",
     ):
-        _require(st, environ, name, value)
+        st.pending_logs.append(
+            (
+                logging.WARNING,
+                "the job turned dump-on-timeout off: torch writes no dump when a collective "
+                "times out, and hangwatch relies on its own status polls and dumps",
+            )
+        )
+    real = next((environ[n] for n in env.DUMP_FILE_NAMES if environ.get(n)), prefix)
+    st.dump_prefixes = {"watchdog": real}
     if environ.get(env.TORCH_FR_BUFFER_SIZE) == "0":
         msg = (
             f"{env.TORCH_FR_BUFFER_SIZE}=0 disables the flight recorder; hangwatch sees no progress"
         )
-        log.warning("hangwatch: %s", msg)
+        st.pending_logs.append((logging.WARNING, msg))
         st.reasons.append(msg)
 
 
@@ -226,22 +251,38 @@ def _default(st: _State, environ: MutableMapping[str, str], name: str, value: st
     if current is None:
         environ[name] = value
         st.env_set[name] = value
-        log.info("hangwatch: set %s=%s", name, value)
+        st.pending_logs.append((logging.INFO, f"set {name}={value}"))
     else:
-        log.info("hangwatch: keeping the job's %s=%s (hangwatch default %s)", name, current, value)
+        st.pending_logs.append(
+            (logging.INFO, f"keeping the job's {name}={current} (hangwatch default {value})")
+        )
 
 
-def _require(st: _State, environ: MutableMapping[str, str], name: str, value: str) -> None:
-    current = environ.get(name)
-    if current == value:
-        log.info("hangwatch: %s=%s already set", name, value)
+def _default_pair(
+    st: _State, environ: MutableMapping[str, str], names: Sequence[str], value: str
+) -> None:
+    given = [(n, environ[n]) for n in names if n in environ]
+    if given:
+        kept = ", ".join(f"{n}={v}" for n, v in given)
+        st.pending_logs.append(
+            (logging.INFO, f"keeping the job's {kept} (hangwatch default {value})")
+        )
         return
-    environ[name] = value
-    st.env_set[name] = value
-    if current is None:
-        log.info("hangwatch: set %s=%s", name, value)
-    else:
-        log.warning("hangwatch: overriding the job's %s=%s with %s", name, current, value)
+    for n in names:
+        environ[n] = value
+        st.env_set[n] = value
+    st.pending_logs.append((logging.INFO, "set " + " and ".join(f"{n}={value}" for n in names)))
+
+
+def _announce(st: _State) -> None:
+    """First group of a rank: now the env decisions are worth a log line and a directory."""
+    if st.announced:
+        return
+    st.announced = True
+    for level, msg in st.pending_logs:
+        log.log(level, "hangwatch: %s", msg)
+    st.pending_logs.clear()
+    os.makedirs(os.path.dirname(hook_protocol.fr_dump_prefix(st.run_dir)), exist_ok=True)
 
 
 # --- 2. group discovery ---------------------------------------------------
@@ -343,8 +384,11 @@ def _after_group_change() -> None:
         return
     try:
         with st.lock:
+            _announce(st)
+            st.recorders = tuple(_discover_recorders(st))
             if st.server is None:
                 _start_endpoint(st)
+            _hook_aborts(st)
             _write_rankinfo(st)
     except Exception as e:
         msg = f"rank-info/endpoint update failed: {type(e).__name__}: {e}"
@@ -371,6 +415,59 @@ def current_groups() -> list[dict[str, Any]]:
     return groups
 
 
+# Our abort hooks' ids: any int works, as long as it is ours and stable.
+_ABORT_HOOK_ID = 0x6877
+
+
+def _hook_aborts(st: _State) -> None:
+    """Register an abort hook on every group whose backend supports them.
+
+    torch 2.15 calls abort hooks from its watchdog just before it aborts a
+    group on a timeout or error: the moment every recorder should be dumped
+    and the coordinator told. gloo and the CPU test backends support none;
+    see docs/compatibility.md for what has been tried.
+    """
+    c10d = sys.modules[_C10D]
+    for pg, name in list(c10d._world.pg_names.items()):
+        if id(pg) in st.abort_hooked or not getattr(pg, "supports_abort_hooks", False):
+            continue
+        try:
+            pg.register_abort_hook(_ABORT_HOOK_ID, _abort_hook_for(str(name)))
+            st.abort_hooked.add(id(pg))
+        except Exception as e:
+            log.warning("hangwatch: cannot register an abort hook on group %s: %s", name, e)
+
+
+def _abort_hook_for(group: str) -> Callable[[], None]:
+    def on_abort() -> None:
+        record_event("backend-abort", f"torch is aborting group {group} (timeout or error)")
+        dump_all_to_files()
+
+    return on_abort
+
+
+def dump_all_to_files() -> list[str]:
+    """Write every recorder instance's pickle next to torch's dump-on-timeout file.
+
+    torch's own file holds one instance; the agent fans out on any of these.
+    Never raises.
+    """
+    st = _state
+    if st is None or st.owner_pid != os.getpid() or not _torch_pg_initialized():
+        return []
+    written = []
+    rank = int(sys.modules[_C10D].get_rank())
+    fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(st.run_dir))
+    for rec in st.recorders:
+        path = os.path.join(fr_dir, f"{rec.file_stem}{rank}")
+        try:
+            _atomic_write(path, recorders_mod.dump_pickle(rec))
+            written.append(path)
+        except Exception as e:
+            log.warning("hangwatch: could not dump recorder %s: %s", rec.instance, e)
+    return written
+
+
 def _write_rankinfo(st: _State) -> None:
     import torch
     import torch.distributed as dist
@@ -392,6 +489,8 @@ def _write_rankinfo(st: _State) -> None:
         "fr_source": st.fr_source,
         "started_unix": st.started_unix,
         "groups": current_groups(),
+        "recorders": [r.to_json() for r in st.recorders],
+        "dump_prefixes": dict(st.dump_prefixes),
     }
     path = hook_protocol.rankinfo_path(st.run_dir, pid)
     _atomic_write(path, json.dumps(info, indent=1).encode())
@@ -411,22 +510,45 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 
 def _c10d_ext() -> Any:
-    """torch's C++ c10d bindings (untyped for mypy: the private names are not in torch's stubs)."""
-    import importlib
-
-    return importlib.import_module("torch._C._distributed_c10d")
+    return recorders_mod.c10d_ext()
 
 
-def _status_json() -> bytes:
-    return bytes(_c10d_ext()._dump_fr_trace_json(includeCollectives=False))
+def _discover_recorders(st: _State) -> list[recorders_mod.Recorder]:
+    recs = recorders_mod.discover()
+    known = {r.instance for r in st.recorders}
+    for r in recs:
+        if r.instance not in known:
+            log.info(
+                "hangwatch: flight recorder %r (%s, completion %s) records groups %s",
+                r.instance,
+                r.kind,
+                r.completion,
+                ",".join(r.groups),
+            )
+    return recs
 
 
-def _fr_pickle() -> bytes:
-    return bytes(_c10d_ext()._dump_fr_trace(includeCollectives=True, includeStackTraces=True))
+def _recorder(params: dict[str, str]) -> recorders_mod.Recorder:
+    st = _state
+    rec = recorders_mod.find(st.recorders if st else (), params.get(hook_protocol.INSTANCE_PARAM))
+    if rec is None:
+        raise LookupError(f"no flight recorder instance {params.get('instance')!r}")
+    return rec
 
 
-def _fr_json() -> bytes:
-    return bytes(_c10d_ext()._dump_fr_trace_json())
+def _status_json(params: dict[str, str]) -> bytes:
+    st = _state
+    return recorders_mod.status_doc(st.recorders if st else ())
+
+
+def _fr_pickle(params: dict[str, str]) -> bytes:
+    return recorders_mod.dump_pickle(_recorder(params))
+
+
+def _fr_json(params: dict[str, str]) -> bytes:
+    # The thread endpoint stands in for torch's C++ fr_trace_json, which takes ?backend=.
+    name = params.get("backend") or params.get(hook_protocol.INSTANCE_PARAM)
+    return recorders_mod.dump_json(_recorder({hook_protocol.INSTANCE_PARAM: name or ""}))
 
 
 def _start_endpoint(st: _State) -> None:
@@ -452,16 +574,20 @@ def _start_endpoint(st: _State) -> None:
         st.server = hook_server.ThreadServer(
             path,
             {
-                hook_protocol.PING: lambda: (200, b"pong", "text/plain"),
-                hook_protocol.FR_TRACE_JSON: lambda: (200, _fr_json(), "application/json"),
-                hook_protocol.DUMP_TRACEBACK: lambda: (
+                hook_protocol.PING: lambda p: (200, b"pong", "text/plain"),
+                hook_protocol.FR_TRACE_JSON: lambda p: (200, _fr_json(p), "application/json"),
+                hook_protocol.DUMP_TRACEBACK: lambda p: (
                     200,
                     hook_server.dump_traceback_text(),
                     "text/plain",
                 ),
-                hook_protocol.PYSPY_DUMP: lambda: (*hook_server.pyspy_dump_text(), "text/plain"),
-                hook_protocol.STATUS: lambda: (200, _status_json(), "application/json"),
-                hook_protocol.FR_PICKLE: lambda: (200, _fr_pickle(), "application/octet-stream"),
+                hook_protocol.PYSPY_DUMP: lambda p: (*hook_server.pyspy_dump_text(), "text/plain"),
+                hook_protocol.STATUS: lambda p: (200, _status_json(p), "application/json"),
+                hook_protocol.FR_PICKLE: lambda p: (
+                    200,
+                    _fr_pickle(p),
+                    "application/octet-stream",
+                ),
             },
         )
         st.fr_source = "thread"
@@ -485,10 +611,13 @@ def _keep_forever(obj: object) -> None:
 
 
 def _register_python_handlers(c: Any) -> None:
-    def handler(fn: Callable[[], bytes], ctype: str) -> Callable[[Any, Any], None]:
+    def handler(fn: Callable[[dict[str, str]], bytes], ctype: str) -> Callable[[Any, Any], None]:
         def serve(req: Any, resp: Any) -> None:
             try:
-                resp.set_content(fn(), ctype)
+                params = {
+                    hook_protocol.INSTANCE_PARAM: str(req.get_param(hook_protocol.INSTANCE_PARAM))
+                }
+                resp.set_content(fn(params), ctype)
                 resp.set_status(200)
             except Exception as e:
                 resp.set_content(f"{type(e).__name__}: {e}\n".encode(), "text/plain")
@@ -574,24 +703,40 @@ def record_exception(exc: BaseException, *, thread: str = "MainThread") -> None:
         elif os.environ.get(env.RANK, "").isdigit():
             rank = int(os.environ[env.RANK])
         kind = "collective-timeout" if _is_collective_timeout(exc) else "uncaught-exception"
-        line = {
-            "schema": formats.HOOK_EVENT,
-            "kind": kind,
-            "rank": rank,
-            "detail": f"{type(exc).__name__}: {exc}"[:4000],
-            "thread": thread,
-            "unix": time.time(),
-        }
-        path = hook_protocol.events_path(st.run_dir, os.getpid())
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        # One write() of one line in append mode: readers never see half a line.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
+        _append_event(st, kind, rank, f"{type(exc).__name__}: {exc}", thread)
     except Exception:
         log.exception("hangwatch: could not record an exception event")
+
+
+def record_event(kind: str, detail: str) -> None:
+    """Append a HOOK_EVENT line of this kind. Never raises."""
+    st = _state
+    if st is None or st.owner_pid != os.getpid():
+        return
+    try:
+        rank = int(sys.modules[_C10D].get_rank()) if _torch_pg_initialized() else -1
+        _append_event(st, kind, rank, detail, threading.current_thread().name)
+    except Exception:
+        log.exception("hangwatch: could not record a %s event", kind)
+
+
+def _append_event(st: _State, kind: str, rank: int, detail: str, thread: str) -> None:
+    line = {
+        "schema": formats.HOOK_EVENT,
+        "kind": kind,
+        "rank": rank,
+        "detail": detail[:4000],
+        "thread": thread,
+        "unix": time.time(),
+    }
+    path = hook_protocol.events_path(st.run_dir, os.getpid())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # One write() of one line in append mode: readers never see half a line.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _forget_in_child() -> None:

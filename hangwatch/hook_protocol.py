@@ -13,12 +13,16 @@ from hangwatch import formats
 
 # torch's C++ worker-server handlers (torch 2.13; also served by the fallback thread).
 PING = "ping"
-FR_TRACE_JSON = "fr_trace_json"  # full JSON dump; C++, needs no GIL; ignores query params
+FR_TRACE_JSON = "fr_trace_json"  # full JSON dump; C++, needs no GIL; 2.15 takes ?backend=
 DUMP_TRACEBACK = "dump_traceback"  # all threads' Python stacks; empty while the GIL is held
 PYSPY_DUMP = "pyspy_dump"
+# torch 2.15: {"healthy": bool, "unhealthy_backends": [...]}, from the backends' watchdogs.
+HEALTH_CHECK = "c10d_health_check"
 # Python handlers the hook registers. They need the GIL.
 STATUS = "hangwatch_status"  # FR dump with includeCollectives=False: pg_status only (~µs)
 FR_PICKLE = "hangwatch_fr_pickle"  # torch's pickle dump, with Python call-site frames
+# Query parameter of FR_PICKLE naming the recorder instance (hangwatch.recorders).
+INSTANCE_PARAM = "instance"
 
 # sun_path is 108 bytes on Linux; leave room for the terminating NUL.
 _MAX_SUN_PATH = 100

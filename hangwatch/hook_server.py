@@ -18,11 +18,13 @@ import socket
 import subprocess
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Callable
 
 log = logging.getLogger("hangwatch.hook")
 
-Handler = Callable[[], tuple[int, bytes, str]]
+# Called with the request's query parameters (torch's handlers take e.g. ?backend=).
+Handler = Callable[[dict[str, str]], tuple[int, bytes, str]]
 
 # Bounded request size: the agent sends empty POST bodies.
 _MAX_HEADER_BYTES = 16 * 1024
@@ -112,14 +114,16 @@ class ThreadServer:
         if len(parts) < 2:
             self._send(conn, 400, b"bad request\n", "text/plain")
             return
-        method, target = parts[0], parts[1].split("?", 1)[0]
+        method, _, query = parts[1].partition("?")
+        method, target = parts[0], method
+        params = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
         prefix = "/handler/"
         name = target[len(prefix) :] if target.startswith(prefix) else None
         if method != "POST" or name is None or name not in self._handlers:
             self._send(conn, 404, b"not found\n", "text/plain")
             return
         try:
-            status, body, ctype = self._handlers[name]()
+            status, body, ctype = self._handlers[name](params)
         except Exception as e:
             status, body, ctype = 500, f"{type(e).__name__}: {e}\n".encode(), "text/plain"
         self._send(conn, status, body, ctype)

@@ -24,7 +24,7 @@ def _torch_missing() -> str | None:
     # find_spec does not import torch (seconds of CPU); a broken install that
     # is found but fails to import makes the torch tests fail, not skip.
     if importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install -e '.[test]' brings torch==2.13.0)"
+        return "torch is not installed (pip install -e '.[test,torch]' brings torch==2.13.0)"
     return None
 
 

@@ -1,0 +1,261 @@
+"""Every flight-recorder instance a training process writes to, and how to read each.
+
+torch keeps one recorder per family of backends, and a dump call reads one:
+
+* the generic instance, which ProcessGroupGloo records into (and, up to 2.14,
+  the only one `_dump_fr_trace*` reads);
+* legacy NCCL's own instance (ProcessGroupNCCL, every torch up to 2.14 and
+  `nccl-legacy` on 2.15), read with `_dump_nccl_trace*`;
+* from torch 2.15, one instance per backend that torch's `FlightRecorderHook`
+  records because the backend does not record itself (2.15's default
+  `nccl`, which is ProcessGroupNCCL2, and any out-of-tree backend), read with
+  `_dump_fr_trace*(backend=NAME)`.
+
+Discovery walks the process groups this process belongs to and asks each
+group's device backends what they are; nothing here compares torch version
+strings or lists backend names: capabilities are probed (`backend=` keyword,
+`_dump_nccl_trace`, `_world.pg_flight_recorder_hooks`).
+
+Two measured differences decide how a recorder's numbers are read (torch 2.15):
+
+* **completion**: a hook-recorded entry is `retired` as soon as the call
+  returns, and `pg_status.last_completed_collective` stays -1, however the
+  work ends. Such a recorder reports `completion="unknown"`: only what ranks
+  *entered* is known. gloo and legacy NCCL record completion ("tracked").
+* **status offset**: `pg_status.last_enqueued_collective` is the last op_id.
+  gloo and NCCL count op_id from 1, the hook from 0, so a hook recorder's
+  status is one behind its collective_seq_id (`status_offset=1`).
+
+Importing this module does not import torch; nothing here runs on the
+collective path: status reads are one C++ call per instance.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hangwatch import formats
+
+log = logging.getLogger("hangwatch.hook")
+
+KIND_GENERIC = "generic"  # torch's default instance: gloo
+KIND_NCCL = "nccl-legacy"  # ProcessGroupNCCL's own recorder
+KIND_HOOKED = "hooked"  # FlightRecorderHook, one instance per backend name
+
+COMPLETION_TRACKED = "tracked"
+COMPLETION_UNKNOWN = "unknown"
+
+# The generic instance's name as torch's `backend=` argument spells it.
+GENERIC_INSTANCE = formats.GENERIC_INSTANCE
+NCCL_INSTANCE = "nccl"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorder:
+    """One recorder instance and how to read it."""
+
+    instance: str
+    kind: str
+    completion: str
+    # Added to pg_status's last_enqueued/last_completed to get collective seqs.
+    status_offset: int = 0
+    # Groups recorded here, in the order this instance numbers them: pg_id == index.
+    groups: tuple[str, ...] = ()
+    # torch's C++ worker-server handler for the full JSON dump (answers without the GIL).
+    json_handler: str = ""
+
+    @property
+    def file_stem(self) -> str:
+        """Bundle file name before the rank: fr_trace_rank_<R> for gloo's, as always."""
+        return formats.fr_file_prefix(self.instance)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "kind": self.kind,
+            "completion": self.completion,
+            "status_offset": self.status_offset,
+            "groups": list(self.groups),
+            "json_handler": self.json_handler,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Recorder:
+        return cls(
+            instance=str(d["instance"]),
+            kind=str(d.get("kind", KIND_GENERIC)),
+            completion=str(d.get("completion", COMPLETION_TRACKED)),
+            status_offset=int(d.get("status_offset", 0)),
+            groups=tuple(str(g) for g in d.get("groups", ())),
+            json_handler=str(d.get("json_handler", "")),
+        )
+
+
+def safe_instance(name: str) -> str:
+    """A backend name as it may appear in a file name and a query string."""
+    return _SAFE_NAME.sub("_", name)[:64] or "unnamed"
+
+
+def c10d_ext() -> Any:
+    """torch's C++ c10d bindings (untyped: the private names are not in torch's stubs)."""
+    return importlib.import_module("torch._C._distributed_c10d")
+
+
+@dataclass
+class _Caps:
+    backend_kw: bool
+    nccl: bool
+    hooks: bool
+
+
+_caps: _Caps | None = None
+
+
+def capabilities() -> _Caps:
+    """What this torch can read, probed once."""
+    global _caps
+    if _caps is None:
+        c = c10d_ext()
+        backend_kw = False
+        try:
+            c._dump_fr_trace_json(includeCollectives=False, backend=GENERIC_INSTANCE)
+            backend_kw = True
+        except TypeError:
+            pass
+        c10d = importlib.import_module("torch.distributed.distributed_c10d")
+        _caps = _Caps(
+            backend_kw=backend_kw,
+            nccl=hasattr(c, "_dump_nccl_trace_json") and hasattr(c, "ProcessGroupNCCL"),
+            hooks=hasattr(c10d._world, "pg_flight_recorder_hooks"),
+        )
+    return _caps
+
+
+@dataclass
+class _Acc:
+    kind: str
+    completion: str
+    offset: int
+    groups: list[str] = field(default_factory=list)
+
+
+def discover() -> list[Recorder]:
+    """The recorder instances this process's groups write to, in first-use order.
+
+    Hook-recorded and NCCL instances come before the generic one: a group
+    that lives in two (a "cpu:gloo,cuda:nccl" group) is tracked through its
+    GPU instance, where collectives hang.
+    """
+    c = c10d_ext()
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    caps = capabilities()
+    world = c10d._world
+    hooked_pgs = set(world.pg_flight_recorder_hooks) if caps.hooks else set()
+    nccl_cls = getattr(c, "ProcessGroupNCCL", None)
+    acc: dict[str, _Acc] = {}
+    for pg, name in world.pg_names.items():
+        for inst, acc_new in _instances_of(pg, pg in hooked_pgs, nccl_cls, caps):
+            a = acc.setdefault(inst, acc_new)
+            if str(name) not in a.groups:
+                a.groups.append(str(name))
+    order = sorted(acc, key=lambda i: (acc[i].kind == KIND_GENERIC, i))
+    return [
+        Recorder(
+            instance=i,
+            kind=acc[i].kind,
+            completion=acc[i].completion,
+            status_offset=acc[i].offset,
+            groups=tuple(acc[i].groups),
+            json_handler=_json_handler(i, acc[i].kind, caps),
+        )
+        for i in order
+    ]
+
+
+def _instances_of(pg: Any, hooked: bool, nccl_cls: Any, caps: _Caps) -> Iterable[tuple[str, _Acc]]:
+    seen: set[str] = set()
+    for dev in getattr(pg, "_device_types", None) or []:
+        try:
+            b = pg._get_backend(dev)
+        except Exception as e:  # a device without a backend: nothing recorded there
+            log.debug("hangwatch: no backend for %s: %s", dev, e)
+            continue
+        bname = _backend_name(b)
+        if nccl_cls is not None and isinstance(b, nccl_cls):
+            key, a = NCCL_INSTANCE, _Acc(KIND_NCCL, COMPLETION_TRACKED, 0)
+        elif bname == GENERIC_INSTANCE:
+            key, a = GENERIC_INSTANCE, _Acc(KIND_GENERIC, COMPLETION_TRACKED, 0)
+        elif hooked and caps.backend_kw:
+            key, a = bname, _Acc(KIND_HOOKED, COMPLETION_UNKNOWN, 1)
+        else:
+            log.debug("hangwatch: backend %r records into no flight recorder", bname)
+            continue
+        if key not in seen:
+            seen.add(key)
+            yield key, a
+
+
+def _backend_name(b: Any) -> str:
+    for attr in ("name", "getBackendName", "_get_backend_name"):
+        fn = getattr(b, attr, None)
+        if callable(fn):
+            try:
+                return str(fn())
+            except Exception as e:
+                log.debug("hangwatch: %s() failed: %s", attr, e)
+    return type(b).__name__
+
+
+def _json_handler(instance: str, kind: str, caps: _Caps) -> str:
+    if kind == KIND_NCCL:
+        return "dump_nccl_trace_json"
+    if caps.backend_kw:
+        return f"fr_trace_json?backend={instance}"
+    return "fr_trace_json"
+
+
+def _reader(rec_kind: str, instance: str, *, pickle: bool) -> Callable[..., bytes]:
+    c = c10d_ext()
+    if rec_kind == KIND_NCCL:
+        fn = c._dump_nccl_trace if pickle else c._dump_nccl_trace_json
+        return lambda **kw: bytes(fn(**kw))
+    fn = c._dump_fr_trace if pickle else c._dump_fr_trace_json
+    if capabilities().backend_kw:
+        return lambda **kw: bytes(fn(backend=instance, **kw))
+    return lambda **kw: bytes(fn(**kw))
+
+
+def status_doc(recorders: Iterable[Recorder]) -> bytes:
+    """FRSTATUS: every instance's pg_status, from the cheap status-only dump."""
+    out = []
+    for r in recorders:
+        try:
+            raw = json.loads(_reader(r.kind, r.instance, pickle=False)(includeCollectives=False))
+            out.append({"instance": r.instance, "pg_status": raw.get("pg_status") or {}})
+        except Exception as e:  # one unreadable instance must not hide the others
+            out.append({"instance": r.instance, "error": f"{type(e).__name__}: {e}"[:300]})
+    return json.dumps({"schema": formats.FRSTATUS, "recorders": out}).encode()
+
+
+def find(recorders: Iterable[Recorder], instance: str | None) -> Recorder | None:
+    recs = list(recorders)
+    if not instance:
+        return recs[0] if recs else None
+    return next((r for r in recs if r.instance == instance), None)
+
+
+def dump_pickle(rec: Recorder) -> bytes:
+    return _reader(rec.kind, rec.instance, pickle=True)(
+        includeCollectives=True, includeStackTraces=True
+    )
+
+
+def dump_json(rec: Recorder) -> bytes:
+    return _reader(rec.kind, rec.instance, pickle=False)()
