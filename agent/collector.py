@@ -32,6 +32,7 @@ from hangwatch.agent.procstate import process_state, state_name
 from hangwatch.agent.ranks import RankTracker
 
 from hangwatch import formats, frtail, hook_protocol
+from hangwatch.recorders import Recorder
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -101,10 +102,12 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _fetch_fr(sock: str) -> tuple[bytes | None, str]:
-    """(dump, error text): the pickle (with call-site frames) when it arrives
-    within a short grace after the JSON dump, else the JSON dump."""
+def _fetch_fr(sock: str, rec: Recorder) -> tuple[bytes | None, str]:
+    """(dump, error text) of one recorder instance: the pickle (with call-site
+    frames) when it arrives within a short grace after the JSON dump, else the JSON dump."""
     errors: list[str] = []
+    pickle_handler = f"{hook_protocol.FR_PICKLE}?{hook_protocol.INSTANCE_PARAM}={rec.instance}"
+    json_handler = rec.json_handler or hook_protocol.FR_TRACE_JSON
     # Not a `with` block: leaving one waits for a pickle call still blocked on
     # the GIL; its own socket timeout ends that thread instead.
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hangwatch-fr")
@@ -112,17 +115,15 @@ def _fetch_fr(sock: str) -> tuple[bytes | None, str]:
         pickled = pool.submit(
             endpoint.call,
             sock,
-            hook_protocol.FR_PICKLE,
+            pickle_handler,
             timeout=FR_JSON_TIMEOUT_S + FR_PICKLE_GRACE_S,
         )
-        as_json = pool.submit(
-            endpoint.call, sock, hook_protocol.FR_TRACE_JSON, timeout=FR_JSON_TIMEOUT_S
-        )
+        as_json = pool.submit(endpoint.call, sock, json_handler, timeout=FR_JSON_TIMEOUT_S)
         json_data: bytes | None = None
         try:
             json_data = as_json.result()
         except (TimeoutError, endpoint.EndpointError) as e:
-            errors.append(f"{hook_protocol.FR_TRACE_JSON}: {e}")
+            errors.append(f"{json_handler}: {e}")
         try:
             return pickled.result(timeout=FR_PICKLE_GRACE_S), "; ".join(errors)
         except FutureTimeout:
@@ -167,8 +168,19 @@ def _has_python_frames(text: str) -> bool:
     return 'File "' in text
 
 
-def _watchdog_file(run_dir: str, rank: int) -> str | None:
-    path = hook_protocol.fr_dump_prefix(run_dir) + str(rank)
+def _abort_file(run_dir: str, rank: int, rec: Recorder) -> str | None:
+    """The dump of this recorder the hook wrote when torch aborted a group."""
+    fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(run_dir))
+    path = os.path.join(fr_dir, formats.abort_dump_name(rec.instance, rank))
+    return path if os.path.isfile(path) else None
+
+
+def _watchdog_file(t: RankTracker, run_dir: str, rank: int) -> str | None:
+    """torch's own dump-on-timeout file: where the hook pointed it, or where the job did."""
+    prefixes = t.info.get("dump_prefixes") or {}
+    real = prefixes.get("watchdog") if isinstance(prefixes, dict) else None
+    prefix = real if isinstance(real, str) and real else hook_protocol.fr_dump_prefix(run_dir)
+    path = f"{prefix}{rank}"
     return path if os.path.isfile(path) else None
 
 
@@ -195,24 +207,45 @@ def collect_rank(
     files: dict[str, bytes] = {}
     reachable = False
 
-    # FR dump.
-    fr_name = f"{formats.FR_FILE_PREFIX}{rank}"
+    # FR dumps: one file per recorder instance.
     fr_kind = str(t.info.get("fr_source") or "worker-server")
-    if alive and t.socket:
-        data, err = _fetch_fr(t.socket)
-        if data is not None:
-            files[fr_name] = data
-            sources["fr"] = fr_kind
-            reachable = True
-        if err:
-            errors["fr"] = err
-    if fr_name not in files:
-        wd = _watchdog_file(run_dir, rank)
+    recs = list(t.recorders.values()) or [None]
+    fr_names: list[str] = []
+    fr_errors: list[str] = []
+    for rec in recs:
+        fr_name = f"{rec.file_stem if rec else formats.FR_FILE_PREFIX}{rank}"
+        label = rec.instance if rec else formats.GENERIC_INSTANCE
+        if alive and t.socket and rec is not None:
+            data, err = _fetch_fr(t.socket, rec)
+            if data is not None:
+                files[fr_name] = data
+                sources["fr"] = fr_kind
+                reachable = True
+            if err:
+                fr_errors.append(f"{label}: {err}" if len(recs) > 1 else err)
+        if fr_name not in files and rec is not None:
+            ab = _abort_file(run_dir, rank, rec)
+            if ab is not None:
+                with open(ab, "rb") as f:
+                    files[fr_name] = f.read()
+                if sources["fr"] == "none":
+                    sources["fr"] = "abort-file"
+        if fr_name in files:
+            fr_names.append(fr_name)
+    if not fr_names:
+        # torch's file holds whichever instance its watchdog dumped (legacy
+        # NCCL's, or the hooked backend's): the analyzer reads the backend from it.
+        wd = _watchdog_file(t, run_dir, rank)
         if wd is not None:
+            fr_name = f"{formats.FR_FILE_PREFIX}{rank}"
             with open(wd, "rb") as f:
                 files[fr_name] = f.read()
+            fr_names.append(fr_name)
             sources["fr"] = "watchdog-file"
-        elif stopped:
+    if fr_errors:
+        errors["fr"] = "; ".join(fr_errors)
+    if not fr_names:
+        if stopped:
             errors["fr"] = "process stopped (SIGSTOP?): it cannot dump and left no watchdog file"
         elif not alive:
             errors["fr"] = f"process {state_name(state)}: no endpoint and no watchdog file"
@@ -249,17 +282,17 @@ def collect_rank(
                 errors["stacks"] = f"{errors.get('stacks', '')}; py-spy: {e}".lstrip("; ")
     if stacks:
         files[formats.STACKS_FILE] = stacks.encode()
-    if tail_context > 0 and fr_name in files:
+    for fr_name in fr_names if tail_context > 0 else []:
         try:
             # meta.json (written below) carries every group's members.
             tail = frtail.tail_bytes(
                 files[fr_name], context=tail_context, max_members=frtail.AGENT_MAX_MEMBERS
             )
             if tail is not None:
-                files[f"{formats.FR_TAIL_PREFIX}{rank}"] = tail
+                files[formats.tail_name_for(fr_name)] = tail
         except ValueError as e:
             # The whole dump goes up instead: slower, never less evidence.
-            errors["fr_tail"] = f"cannot cut a tail: {e}"
+            errors["fr_tail"] = f"cannot cut a tail of {fr_name}: {e}"
 
     failure = ""
     if sources["fr"] == "none":
@@ -277,6 +310,7 @@ def collect_rank(
         "process_state": state_name(state),
         "reachable": reachable,
         "groups": [_compact_group(g) for g in t.info.get("groups", [])],
+        "recorders": [r.to_json() for r in t.recorders.values()],
         "sources": sources,
         "gpu": gpu,
         "errors": errors,

@@ -23,6 +23,7 @@ from hangwatch.agent import endpoint
 from hangwatch.agent.procstate import process_state
 
 from hangwatch import formats, hook_protocol
+from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, Recorder
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -35,6 +36,8 @@ FULL_TIMEOUT_S = 2.0
 PYTHON_RETRY_S = 30.0
 # While something stays in flight, refresh entries at most this often.
 ENTRIES_REFRESH_S = 10.0
+# How often to ask torch's c10d_health_check (2.15): a C++ handler, cheap.
+HEALTH_POLL_S = 5.0
 # Bound on the (group, seq) -> op name cache per rank.
 MAX_OPS = 8192
 
@@ -42,10 +45,16 @@ MAX_OPS = 8192
 @dataclass
 class GroupState:
     name: str
+    # The recorder instance this group's progress is read from.
+    instance: str = formats.GENERIC_INSTANCE
+    # False for a hook-recorded group whose recorder never reports completion:
+    # then only last_enqueued means anything, and the coordinator compares it across ranks.
+    completion_known: bool = True
     last_enqueued: int = -1
     last_completed: int = -1
     last_started: int = -1
     completed_changed_at: float = field(default_factory=time.monotonic)
+    enqueued_changed_at: float = field(default_factory=time.monotonic)
     inflight_seq: int | None = None
     inflight_since: float = 0.0
 
@@ -58,9 +67,11 @@ class RankTracker:
     rankinfo_path: str
     rankinfo_mtime: float
     groups: dict[str, GroupState] = field(default_factory=dict)
-    pg_names: dict[int, str] = field(default_factory=dict)
+    recorders: dict[str, Recorder] = field(default_factory=dict)
+    # (recorder instance, that instance's local pg_id) -> group name
+    pg_names: dict[tuple[str, int], str] = field(default_factory=dict)
     ops: dict[tuple[str, int], str] = field(default_factory=dict)
-    last_record_id: int = -1
+    last_record_id: dict[str, int] = field(default_factory=dict)
     state: int = pb.PROCESS_STATE_RUNNING
     fr_ok_at: float | None = None
     python_ok: bool = True
@@ -70,7 +81,11 @@ class RankTracker:
     exited_reported: bool = False
     events_offset: int = 0
     last_exception: str = ""
-    mapping_warned: set[int] = field(default_factory=set)
+    mapping_warned: set[tuple[str, int]] = field(default_factory=set)
+    # None: not asked yet; False: this torch has no c10d_health_check.
+    health_supported: bool | None = None
+    health_checked_at: float = 0.0
+    unhealthy: tuple[str, ...] = ()
     # Highest collective seq per group whose entry says retired (gloo's completion signal).
     retired_seq: dict[str, int] = field(default_factory=dict)
 
@@ -92,10 +107,34 @@ class RankTracker:
 
     def apply_info(self, info: dict[str, Any]) -> None:
         self.info = info
+        recs = [Recorder.from_json(r) for r in info.get("recorders") or [] if isinstance(r, dict)]
+        if not recs:
+            # A rank-info file without recorders (a hook that found none yet):
+            # the generic instance, numbered in group-creation order.
+            ordered = sorted(info.get("groups", []), key=lambda g: int(g["pg_id"]))
+            recs = [
+                Recorder(
+                    instance=formats.GENERIC_INSTANCE,
+                    kind=KIND_GENERIC,
+                    completion=COMPLETION_TRACKED,
+                    groups=tuple(str(g["name"]) for g in ordered),
+                    json_handler=hook_protocol.FR_TRACE_JSON,
+                )
+            ]
+        self.recorders = {r.instance: r for r in recs}
+        for r in recs:
+            for pg_id, name in enumerate(r.groups):
+                self.pg_names[(r.instance, pg_id)] = name
+                g = self.groups.get(name)
+                if g is None:
+                    # The first recorder listing a group is the one it is read through.
+                    self.groups[name] = GroupState(
+                        name=name,
+                        instance=r.instance,
+                        completion_known=r.completion == COMPLETION_TRACKED,
+                    )
         for g in info.get("groups", []):
-            name = str(g["name"])
-            self.pg_names[int(g["pg_id"])] = name
-            self.groups.setdefault(name, GroupState(name=name))
+            self.groups.setdefault(str(g["name"]), GroupState(name=str(g["name"])))
 
     def rank_info_pb(self) -> pb.RankInfo:
         i = self.info
@@ -120,38 +159,73 @@ class RankTracker:
 
     # --- progress ---------------------------------------------------------
 
-    def apply_status(self, doc: dict[str, Any], now: float) -> None:
-        for key, st in (doc.get("pg_status") or {}).items():
+    def apply_status(self, doc: dict[str, Any], now: float, instance: str | None = None) -> None:
+        """Apply the hook's FRSTATUS answer, or one instance's plain FR dump."""
+        if doc.get("schema") == formats.FRSTATUS:
+            for rd in doc.get("recorders") or []:
+                if isinstance(rd, dict) and isinstance(rd.get("pg_status"), dict):
+                    self._apply_pg_status(str(rd.get("instance", "")), rd["pg_status"], now)
+                elif isinstance(rd, dict):
+                    log.debug(
+                        "rank %d: recorder %s: %s", self.rank, rd.get("instance"), rd.get("error")
+                    )
+        else:
+            self._apply_pg_status(
+                instance or formats.GENERIC_INSTANCE, doc.get("pg_status") or {}, now
+            )
+        self.fr_ok_at = now
+
+    def _apply_pg_status(self, instance: str, pg_status: dict[str, Any], now: float) -> None:
+        rec = self.recorders.get(instance)
+        offset = rec.status_offset if rec else 0
+        for key, st in pg_status.items():
             try:
                 pg_id = int(key)
             except ValueError:
                 continue
-            name = self.pg_names.get(pg_id)
+            name = self.pg_names.get((instance, pg_id))
             if name is None:
-                if pg_id not in self.mapping_warned:
-                    self.mapping_warned.add(pg_id)
+                if (instance, pg_id) not in self.mapping_warned:
+                    self.mapping_warned.add((instance, pg_id))
                     log.warning(
-                        "rank %d: FR pg_id %d is not in the rank-info file", self.rank, pg_id
+                        "rank %d: FR pg_id %d of recorder %s is not in the rank-info file",
+                        self.rank,
+                        pg_id,
+                        instance,
                     )
                 continue
-            g = self.groups.setdefault(name, GroupState(name=name))
-            enq = int(st.get("last_enqueued_collective", -1))
-            comp = int(st.get("last_completed_collective", -1))
-            # gloo can leave the last finished collective uncounted in pg_status
-            # (measured: (enqueued 5, completed 4) on an idle rank whose entry #5
-            # is retired); the entries, when fetched, settle it.
-            comp = max(comp, min(enq, self.retired_seq.get(name, -1)))
-            started = int(st.get("last_started_collective", -1))
+            g = self.groups.setdefault(name, GroupState(name=name, instance=instance))
+            if g.instance != instance:
+                continue  # a group in two recorders is read through its first one
+            enq = _shift(int(st.get("last_enqueued_collective", -1)), offset)
+            comp = _shift(int(st.get("last_completed_collective", -1)), offset)
+            started = _shift(int(st.get("last_started_collective", -1)), offset)
+            if not g.completion_known and comp >= 0:
+                # This recorder does report completion after all: trust it from now on.
+                g.completion_known = True
+            if g.completion_known:
+                # gloo can leave the last finished collective uncounted in pg_status
+                # (measured: (enqueued 5, completed 4) on an idle rank whose entry #5
+                # is retired); the entries, when fetched, settle it.
+                comp = max(comp, min(enq, self.retired_seq.get(name, -1)))
             if comp != g.last_completed:
                 g.completed_changed_at = now
+            if enq != g.last_enqueued:
+                g.enqueued_changed_at = now
             g.last_enqueued, g.last_completed, g.last_started = enq, comp, started
-            if enq > comp:
+            if not g.completion_known:
+                # Nothing says whether the newest collective finished: it is the
+                # one this rank would be waiting in, since it last entered one.
+                if enq >= 0:
+                    g.inflight_seq, g.inflight_since = enq, g.enqueued_changed_at
+                else:
+                    g.inflight_seq = None
+            elif enq > comp:
                 seq = comp + 1
                 if g.inflight_seq != seq:
                     g.inflight_seq, g.inflight_since = seq, now
             else:
                 g.inflight_seq = None
-        self.fr_ok_at = now
 
     def oldest_inflight_age(self, now: float) -> float:
         ages = [now - g.inflight_since for g in self.groups.values() if g.inflight_seq is not None]
@@ -166,7 +240,12 @@ class RankTracker:
         if not stalled_since:
             return False
         last = self.last_entries_fetch
-        return last is None or last < max(stalled_since) or now - last >= ENTRIES_REFRESH_S
+        if last is None or last < max(stalled_since):
+            return True
+        # Where completion is unknown an idle rank looks in flight forever:
+        # fetch once per stall there, not every ENTRIES_REFRESH_S.
+        known = any(g.completion_known for g in self.groups.values() if g.inflight_seq is not None)
+        return known and now - last >= ENTRIES_REFRESH_S
 
     def progress_pb(self, now: float) -> pb.RankProgress:
         groups = []
@@ -177,6 +256,7 @@ class RankTracker:
                 last_completed=g.last_completed,
                 last_started=g.last_started,
                 completed_unchanged_s=max(0.0, now - g.completed_changed_at),
+                completion_unknown=not g.completion_known,
             )
             if g.inflight_seq is not None:
                 op = self.ops.get((g.name, g.inflight_seq), "")
@@ -198,37 +278,45 @@ class RankTracker:
 
     # --- entries ----------------------------------------------------------
 
-    def ingest_entries(self, doc: dict[str, Any]) -> list[pb.FrEntry]:
+    def ingest_entries(
+        self, doc: dict[str, Any], instance: str = formats.GENERIC_INSTANCE
+    ) -> list[pb.FrEntry]:
         """Learn op names and the true pg_id -> name map; return entries not sent before."""
         new: list[pb.FrEntry] = []
+        rec = self.recorders.get(instance)
+        retired_is_done = rec is None or rec.completion == COMPLETION_TRACKED
+        last_rid = self.last_record_id.get(instance, -1)
         now_ns = time.time_ns()  # same host as the rank: its clock, not another host's
         for e in doc.get("entries") or []:
             pg = e.get("process_group") or ["", ""]
             name = str(pg[0])
             pg_id = int(e.get("pg_id", -1))
-            known = self.pg_names.get(pg_id)
+            known = self.pg_names.get((instance, pg_id))
             if name and known != name:
-                if known is not None and pg_id not in self.mapping_warned:
-                    self.mapping_warned.add(pg_id)
+                if known is not None and (instance, pg_id) not in self.mapping_warned:
+                    self.mapping_warned.add((instance, pg_id))
                     log.warning(
-                        "rank %d: pg_id %d is group %r in FR entries, not %r; using FR's",
+                        "rank %d: pg_id %d of recorder %s is group %r in FR entries, not %r; "
+                        "using FR's",
                         self.rank,
                         pg_id,
+                        instance,
                         name,
                         known,
                     )
-                self.pg_names[pg_id] = name
-                self.groups.setdefault(name, GroupState(name=name))
+                self.pg_names[(instance, pg_id)] = name
+                self.groups.setdefault(name, GroupState(name=name, instance=instance))
             seq = int(e.get("collective_seq_id", 0) or 0)
             profiling = str(e.get("profiling_name", ""))
             if not e.get("is_p2p"):
                 self.ops[(name, seq)] = profiling
-                if e.get("retired") and seq > self.retired_seq.get(name, -1):
+                if retired_is_done and e.get("retired") and seq > self.retired_seq.get(name, -1):
                     self.retired_seq[name] = seq
             rid = int(e.get("record_id", -1))
-            if rid <= self.last_record_id:
+            if rid <= last_rid:
                 continue
-            self.last_record_id = rid
+            last_rid = rid
+            self.last_record_id[instance] = rid
             created = int(e.get("time_created_ns", 0) or 0)
             new.append(
                 pb.FrEntry(
@@ -286,19 +374,17 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             t.python_ok = False
             t.python_retry_at = now + PYTHON_RETRY_S
             log.debug("rank %d: status handler failed (%s); using the full dump", t.rank, e)
-    full: dict[str, Any] | None = None
     if doc is None or t.needs_entries(now, entries_after_s):
-        try:
-            full = json.loads(
-                endpoint.call(t.socket, hook_protocol.FR_TRACE_JSON, timeout=FULL_TIMEOUT_S)
-            )
+        # torch's C++ handlers, one per recorder instance: they answer while the GIL is held.
+        fulls = _fetch_full_dumps(t)
+        if fulls:
             t.last_entries_fetch = now
-        except (TimeoutError, endpoint.EndpointError, ValueError) as e:
-            log.debug("rank %d: fr_trace_json failed: %s", t.rank, e)
-    if full is not None:
-        out.entries = t.ingest_entries(full)
-        if doc is None:
-            doc = full
+        for instance, full in fulls:
+            out.entries.extend(t.ingest_entries(full, instance))
+            if doc is None:
+                t.apply_status(full, now, instance)
+        if doc is None and fulls:
+            doc = {}  # status already applied from the full dumps
     if doc is None:
         t.state = pb.PROCESS_STATE_UNRESPONSIVE
         if not t.unresponsive_reported:
@@ -307,10 +393,66 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
                 (pb.EVENT_KIND_RANK_UNRESPONSIVE, t.rank, "FR endpoint does not answer")
             )
         return out
-    t.apply_status(doc, now)
+    if doc:
+        t.apply_status(doc, now)
     t.state = pb.PROCESS_STATE_RUNNING
     t.unresponsive_reported = False
+    out.events.extend(_check_health(t, now))
     return out
+
+
+def _check_health(t: RankTracker, now: float) -> list[tuple[int, int, str]]:
+    """torch 2.15's watchdog health, as an event when a backend turns unhealthy."""
+    if t.health_supported is False or now - t.health_checked_at < HEALTH_POLL_S or not t.socket:
+        return []
+    t.health_checked_at = now
+    try:
+        doc = json.loads(
+            endpoint.call(t.socket, hook_protocol.HEALTH_CHECK, timeout=STATUS_TIMEOUT_S)
+        )
+    except endpoint.EndpointError as e:
+        if "HTTP 404" in str(e):
+            t.health_supported = False  # older torch: no such handler
+        log.debug("rank %d: health check failed: %s", t.rank, e)
+        return []
+    except (TimeoutError, ValueError) as e:
+        log.debug("rank %d: health check failed: %s", t.rank, e)
+        return []
+    t.health_supported = True
+    if not isinstance(doc, dict) or doc.get("healthy", True) is not False:
+        t.unhealthy = ()
+        return []
+    raw = doc.get("unhealthy_backends")
+    bad = tuple(sorted(str(b) for b in raw if isinstance(b, str))) if isinstance(raw, list) else ()
+    if bad == t.unhealthy and bad:
+        return []  # already reported
+    t.unhealthy = bad or ("?",)
+    return [
+        (
+            pb.EVENT_KIND_BACKEND_UNHEALTHY,
+            t.rank,
+            f"torch reports backend {', '.join(bad) or '(unnamed)'} unhealthy (c10d_health_check)",
+        )
+    ]
+
+
+def _fetch_full_dumps(t: RankTracker) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    assert t.socket is not None
+    for rec in t.recorders.values():
+        handler = rec.json_handler or hook_protocol.FR_TRACE_JSON
+        try:
+            out.append(
+                (rec.instance, json.loads(endpoint.call(t.socket, handler, timeout=FULL_TIMEOUT_S)))
+            )
+        except (TimeoutError, endpoint.EndpointError, ValueError) as e:
+            log.debug("rank %d: %s failed: %s", t.rank, handler, e)
+    return out
+
+
+def _shift(value: int, offset: int) -> int:
+    """pg_status counter -> collective seq (-1 stays "none")."""
+    return value + offset if value >= 0 else value
 
 
 def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]:
@@ -338,6 +480,8 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
         detail = str(ev.get("detail", ""))
         if ev.get("kind") == "collective-timeout":
             out.append((pb.EVENT_KIND_COLLECTIVE_TIMEOUT, int(ev.get("rank", t.rank)), detail))
+        elif ev.get("kind") == "backend-abort":
+            out.append((pb.EVENT_KIND_BACKEND_UNHEALTHY, int(ev.get("rank", t.rank)), detail))
         else:
             t.last_exception = detail
     return out

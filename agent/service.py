@@ -12,6 +12,7 @@ Everything buffered is bounded (Config.max_buffered; oldest dropped, counted).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -38,7 +39,7 @@ log = logging.getLogger("hangwatch.agent")
 
 ENTRY_BATCH = 2000
 _INCIDENT_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_WATCHDOG_RE = re.compile(rf"^{re.escape(formats.FR_FILE_PREFIX)}(\d+)$")
+_TRAILING_RANK_RE = re.compile(r"(\d+)$")
 
 
 @dataclass
@@ -199,25 +200,47 @@ class Agent:
             if changed:
                 self._need_register = True
 
-    def _scan_watchdog(self, now: float) -> None:
+    def _watch_paths(self) -> dict[str, int]:
+        """Dump files ranks may leave: path -> rank. The run dir's fr/ (torch's
+        dump-on-timeout files and the hook's per-recorder abort dumps), and any
+        dump prefix a job set itself (the hook records it in the rank-info file)."""
+        out: dict[str, int] = {}
         fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(self.run_dir))
-        try:
-            names = os.listdir(fr_dir)
-        except OSError:
-            return
-        for name in names:
-            m = _WATCHDOG_RE.match(name)
-            if m is None or name in self._watchdog_reported:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(fr_dir):
+                m = _TRAILING_RANK_RE.search(name)
+                if m is not None and formats.is_full_fr_name(name):
+                    out[os.path.join(fr_dir, name)] = int(m.group(1))
+        with self._lock:
+            prefixes = {
+                p
+                for t in self.trackers.values()
+                if isinstance(p := (t.info.get("dump_prefixes") or {}).get("watchdog"), str) and p
+            }
+        for prefix in prefixes:
+            d, stem = os.path.split(prefix)
+            if os.path.abspath(d) == os.path.abspath(fr_dir):
+                continue
+            with contextlib.suppress(OSError):
+                for name in os.listdir(d or "."):
+                    rest = name[len(stem) :] if name.startswith(stem) else ""
+                    if rest.isdigit():
+                        out[os.path.join(d, name)] = int(rest)
+        return out
+
+    def _scan_watchdog(self, now: float) -> None:
+        for path, rank in self._watch_paths().items():
+            if path in self._watchdog_reported:
                 continue
             try:
-                size = os.path.getsize(os.path.join(fr_dir, name))
+                size = os.path.getsize(path)
             except OSError:
                 continue
             # torch writes the file in place: report it once its size holds still.
-            if size > 0 and self._watchdog_sizes.get(name) == size:
-                self._watchdog_reported.add(name)
-                self._event(pb.EVENT_KIND_WATCHDOG_DUMP, int(m.group(1)), name, now)
-            self._watchdog_sizes[name] = size
+            if size > 0 and self._watchdog_sizes.get(path) == size:
+                self._watchdog_reported.add(path)
+                self._event(pb.EVENT_KIND_WATCHDOG_DUMP, rank, os.path.basename(path), now)
+            self._watchdog_sizes[path] = size
 
     def rank_infos(self) -> list[pb.RankInfo]:
         with self._lock:
@@ -423,12 +446,10 @@ class Agent:
         done here and wait on disk for an UPLOAD_FULL."""
         todo: list[tuple[str, int]] = []
         for b in p.bundles:
-            tail = f"{formats.FR_TAIL_PREFIX}{b.rank}"
-            full = f"{formats.FR_FILE_PREFIX}{b.rank}"
             for name in b.files:
-                # Kept on the node: the full FR until UPLOAD_FULL; stacks.txt
-                # when meta.json carries the same text.
-                if (name == full and tail in b.files) or (
+                # Kept on the node: a full FR file that has a tail, until
+                # UPLOAD_FULL; stacks.txt when meta.json carries the same text.
+                if (formats.is_full_fr_name(name) and formats.tail_name_for(name) in b.files) or (
                     name == formats.STACKS_FILE and "stacks" in b.meta
                 ):
                     p.uploaded.add((b.rank, name))
@@ -465,14 +486,18 @@ class Agent:
         """Phase two: the full FR dumps this node kept, for the ranks asked."""
         sent: list[int] = []
         for r in ranks:
-            path = os.path.join(
-                collector.rank_dir(self.run_dir, incident_id, r), f"{formats.FR_FILE_PREFIX}{r}"
-            )
-            if not os.path.isfile(path):
+            d = collector.rank_dir(self.run_dir, incident_id, r)
+            try:
+                names = sorted(n for n in os.listdir(d) if formats.is_full_fr_name(n))
+            except OSError:
                 continue  # not one of ours, or the rank left no dump
             try:
-                uploader.upload_file(self.client, path, incident_id=incident_id, rank=r)
-                sent.append(r)
+                for name in names:  # one per recorder instance
+                    uploader.upload_file(
+                        self.client, os.path.join(d, name), incident_id=incident_id, rank=r
+                    )
+                if names:
+                    sent.append(r)
             except (grpc.RpcError, RuntimeError) as e:
                 log.warning("incident %s: full FR of rank %d not uploaded: %s", incident_id, r, e)
         log.info("incident %s: uploaded full FR dumps of ranks %s", incident_id, sent)

@@ -27,6 +27,8 @@ directory: FR files are found by their trailing rank number and each
 
 from __future__ import annotations
 
+import re
+
 RANKINFO = "hangwatch.rankinfo/1"
 # {"schema", "job_id", "rank", "local_rank", "world_size", "pid", "host",
 #  "backend", "torch_version", "socket": path|None,
@@ -79,6 +81,19 @@ def fr_tail_prefix(instance: str = "") -> str:
     if not instance or instance == GENERIC_INSTANCE:
         return FR_TAIL_PREFIX
     return f"fr_tail_{instance}_rank_"
+
+
+def abort_dump_name(instance: str, rank: int) -> str:
+    """The hook's dump of one recorder instance when torch aborts a group (in <run_dir>/fr/)."""
+    return f"fr_abort_{instance}_rank_{rank}"
+
+
+_FULL_FR_RE = re.compile(r"^fr_(?!tail_)[A-Za-z0-9_.-]*rank_\d+$")
+
+
+def is_full_fr_name(name: str) -> bool:
+    """fr_trace_rank_3, fr_nccl2_rank_3: a full FR file of some recorder instance."""
+    return bool(_FULL_FR_RE.match(name))
 
 
 def tail_name_for(fr_name: str) -> str:

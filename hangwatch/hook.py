@@ -459,7 +459,7 @@ def dump_all_to_files() -> list[str]:
     rank = int(sys.modules[_C10D].get_rank())
     fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(st.run_dir))
     for rec in st.recorders:
-        path = os.path.join(fr_dir, f"{rec.file_stem}{rank}")
+        path = os.path.join(fr_dir, formats.abort_dump_name(rec.instance, rank))
         try:
             _atomic_write(path, recorders_mod.dump_pickle(rec))
             written.append(path)

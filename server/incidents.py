@@ -51,6 +51,7 @@ _UNOBSERVED_PREFIXES = (AGENT_UNREACHABLE, NO_ANSWER, RESTARTED)
 EVENT_TRIGGERS = {
     pb.EVENT_KIND_WATCHDOG_DUMP: "watchdog",
     pb.EVENT_KIND_COLLECTIVE_TIMEOUT: "timeout",
+    pb.EVENT_KIND_BACKEND_UNHEALTHY: "backend-unhealthy",
 }
 
 Analyze = Callable[[Path, int | None], Report]

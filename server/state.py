@@ -159,6 +159,8 @@ class Command:
 class _RankGroup:
     last_enqueued: int = -1
     last_completed: int = -1
+    # Its recorder does not record completion (RankProgress.completion_unknown).
+    completion_unknown: bool = False
     in_flight_seq: int | None = None
     in_flight_op: str = ""
     in_flight_age_s: float | None = None
@@ -414,13 +416,26 @@ class JobRegistry:
                     g = job.groups.get(gp.group)
                     if rg is None or g is None:
                         continue  # a group it never registered: membership unknown
-                    if gp.last_completed != rg.last_completed:
+                    # Where completion is not recorded, entering collectives is
+                    # the only progress there is to see.
+                    moved = (
+                        gp.last_enqueued != rg.last_enqueued
+                        if gp.completion_unknown
+                        else gp.last_completed != rg.last_completed
+                    )
+                    if moved:
                         g.last_progress = now
                         job.last_progress = now
                     rg.last_enqueued = gp.last_enqueued
                     rg.last_completed = gp.last_completed
+                    rg.completion_unknown = gp.completion_unknown
                     rg.reported_at = now
-                    if gp.HasField("oldest_in_flight") and gp.last_enqueued > gp.last_completed:
+                    if gp.completion_unknown and gp.HasField("oldest_in_flight"):
+                        # The agent names the op of the newest collective entered.
+                        rg.in_flight_seq = gp.oldest_in_flight.seq
+                        rg.in_flight_op = gp.oldest_in_flight.op
+                        rg.in_flight_age_s = gp.oldest_in_flight.age_s
+                    elif gp.HasField("oldest_in_flight") and gp.last_enqueued > gp.last_completed:
                         rg.in_flight_seq = gp.oldest_in_flight.seq
                         rg.in_flight_op = gp.oldest_in_flight.op
                         rg.in_flight_age_s = gp.oldest_in_flight.age_s
@@ -661,17 +676,24 @@ class JobRegistry:
         for g in _sorted_groups(job.groups):
             if over_timeout_only and now - g.last_progress < self.stall_timeout:
                 continue
-            progress: dict[int, MemberProgress] = {}
+            members: list[tuple[_Rank, _RankGroup]] = []
             for rank in g.ranks:
                 r = job.ranks.get(rank)
                 rg = r.groups.get(g.name) if r else None
-                if r is None or rg is None:
-                    continue
-                progress[rank] = MemberProgress(
-                    rank=rank,
+                if r is not None and rg is not None:
+                    members.append((r, rg))
+            assumed = _assumed_completed(members, lambda r: self._rank_observed(job, r))
+            progress: dict[int, MemberProgress] = {}
+            for r, rg in members:
+                comp, op = rg.last_completed, rg.in_flight_op
+                if rg.completion_unknown and assumed is not None:
+                    comp = assumed
+                    op = op if rg.in_flight_seq == assumed + 1 else ""
+                progress[r.rank] = MemberProgress(
+                    rank=r.rank,
                     last_enqueued=rg.last_enqueued,
-                    last_completed=rg.last_completed,
-                    in_flight_op=rg.in_flight_op,
+                    last_completed=comp,
+                    in_flight_op=op,
                     observed=self._rank_observed(job, r),
                     process_state=r.process_state,
                 )
@@ -771,6 +793,26 @@ class JobRegistry:
             session_id=a.session_id,
             watching=bool(a.wakers),
         )
+
+
+def _assumed_completed(
+    members: list[tuple[_Rank, _RankGroup]], observed: Callable[[_Rank], bool]
+) -> int | None:
+    """For a group whose recorder does not record completion: what to take as completed.
+
+    Only entering is known, so a collective counts as finished once every
+    observed member has entered it, except the newest one they all entered
+    when none has gone further: that one may be what they are all stuck in
+    (a mismatch, a dead peer). A rank behind the others is then "not entered"
+    in the collective its peers wait in, as with gloo. A hang *inside* a
+    collective every member entered is invisible here; the coordinator learns
+    of it from torch's watchdog (dump-on-timeout, health check, abort hooks).
+    """
+    enq = [rg.last_enqueued for r, rg in members if rg.completion_unknown and observed(r)]
+    if not enq:
+        return None
+    lo, hi = min(enq), max(enq)
+    return lo if hi > lo else lo - 1
 
 
 def _age(rg: _RankGroup, now: float) -> float | None:

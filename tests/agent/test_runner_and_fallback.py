@@ -32,7 +32,8 @@ def test_run_attaches_without_script_edit_and_exits_cleanly(tmp_path: Path) -> N
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(other),
-        # The job's own value is overridden (and logged): the agent watches run_dir/fr.
+        # The job's own value is kept (and logged); the rank-info file records
+        # it, so the agent watches there too.
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "elsewhere_"),
     }
     proc = subprocess.run(
@@ -61,9 +62,12 @@ def test_run_attaches_without_script_edit_and_exits_cleanly(tmp_path: Path) -> N
     assert "ENTRIES 5" in out, out  # the buffer size took effect (12 collectives, 5 kept)
     assert "CHAINED yes" in out, out
     assert "set TORCH_FR_BUFFER_SIZE=5" in out, out
-    assert "overriding the job's TORCH_FR_DUMP_TEMP_FILE" in out, out
+    assert "keeping the job's TORCH_FR_DUMP_TEMP_FILE" in out, out
+    assert "set TORCH_FR_DUMP_ON_TIMEOUT=1 and TORCH_NCCL_DUMP_ON_TIMEOUT=1" in out, out
     infos = [json.loads(p.read_text()) for p in (run_dir / "hook").glob("*.json")]
     assert len(infos) == 1 and infos[0]["schema"] == formats.RANKINFO
+    assert infos[0]["dump_prefixes"] == {"watchdog": str(tmp_path / "elsewhere_")}
+    assert [r["instance"] for r in infos[0]["recorders"]] == ["gloo"]
     assert infos[0]["groups"] == [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0]}]
     assert not Path(infos[0]["socket"]).exists()  # removed at exit
 
@@ -80,7 +84,7 @@ def test_thread_endpoint_and_collective_timeout_event(tmp_path: Path) -> None:
         # Rank 0 is blocked in all_reduce (GIL released): the thread answers everything.
         assert endpoint.call(sock, hook_protocol.PING, timeout=2) == b"pong"
         status = json.loads(endpoint.call(sock, hook_protocol.STATUS, timeout=2))
-        assert status["pg_status"]["0"]["last_enqueued_collective"] == "6"
+        assert status["recorders"][0]["pg_status"]["0"]["last_enqueued_collective"] == "6"
         full = json.loads(endpoint.call(sock, hook_protocol.FR_TRACE_JSON, timeout=5))
         assert full["entries"]
         stacks = endpoint.call(sock, hook_protocol.DUMP_TRACEBACK, timeout=2).decode()

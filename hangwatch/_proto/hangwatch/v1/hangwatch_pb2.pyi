@@ -23,6 +23,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_COLLECTIVE_TIMEOUT: _ClassVar[EventKind]
     EVENT_KIND_RANK_EXITED: _ClassVar[EventKind]
     EVENT_KIND_RANK_UNRESPONSIVE: _ClassVar[EventKind]
+    EVENT_KIND_BACKEND_UNHEALTHY: _ClassVar[EventKind]
 
 class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,6 +41,7 @@ EVENT_KIND_WATCHDOG_DUMP: EventKind
 EVENT_KIND_COLLECTIVE_TIMEOUT: EventKind
 EVENT_KIND_RANK_EXITED: EventKind
 EVENT_KIND_RANK_UNRESPONSIVE: EventKind
+EVENT_KIND_BACKEND_UNHEALTHY: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_DUMP: CommandKind
 COMMAND_KIND_UPLOAD_FULL: CommandKind
@@ -111,20 +113,22 @@ class InFlight(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("group", "last_enqueued", "last_completed", "last_started", "oldest_in_flight", "completed_unchanged_s")
+    __slots__ = ("group", "last_enqueued", "last_completed", "last_started", "oldest_in_flight", "completed_unchanged_s", "completion_unknown")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     LAST_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
     LAST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     LAST_STARTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_UNCHANGED_S_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     group: str
     last_enqueued: int
     last_completed: int
     last_started: int
     oldest_in_flight: InFlight
     completed_unchanged_s: float
-    def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ...) -> None: ...
+    completion_unknown: bool
+    def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ...) -> None: ...
 
 class RankProgress(_message.Message):
     __slots__ = ("rank", "state", "groups", "fr_age_s")
