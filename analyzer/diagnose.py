@@ -27,6 +27,10 @@ Verdicts
   offline dumps in which every collective in flight has been entered by all
   of its members and nothing is unmatched. A single snapshot cannot tell a
   slow collective from a stuck one, so the summary says what FR shows.
+* ``unknown``: the same, where a group's recorder does not record completion
+  (torch 2.15's FlightRecorderHook on an asynchronous backend such as its
+  default NCCL): every member entered every collective, and whether the last
+  ones finished is not in the dumps. Never reported as healthy.
 """
 
 from __future__ import annotations
@@ -454,7 +458,15 @@ class _Diagnosis:
                         detail="gloo records no send/recv in the flight recorder: a p2p deadlock leaves dumps that look healthy.",
                     )
                 )
-            if incident:
+            if self._unknown_groups() and not incident:
+                verdict = "unknown"
+                summary = (
+                    "FR cannot tell: every member entered every collective it recorded, and "
+                    f"the recorder of group(s) {', '.join(self._unknown_groups())} does not record "
+                    "completion, so a collective stuck after everyone entered it looks the same "
+                    "as a finished one; see the per-rank stacks and GPU state."
+                )
+            elif incident:
                 verdict = "no-culprit-visible"
                 summary = (
                     "A stall was reported, but the flight recorder shows no rank waiting on a lagging "
@@ -475,6 +487,19 @@ class _Diagnosis:
                 )
         self._p2p_findings(set(lagging))
         self._wrap_findings()
+        if self._unknown_groups():
+            self.findings.append(
+                Finding(
+                    kind="completion-unknown",
+                    ranks=[],
+                    detail=(
+                        f"group(s) {', '.join(self._unknown_groups())} are recorded by torch's "
+                        "FlightRecorderHook on a backend whose completion it does not record "
+                        "(entries are 'retired' when the call returns): hangwatch counts a "
+                        "collective as finished once every member entered it"
+                    ),
+                )
+            )
         return Report(
             verdict=verdict,  # type: ignore[arg-type]
             summary=summary,
@@ -489,6 +514,11 @@ class _Diagnosis:
             waits_for=_edges(waits),
             evidence=self._evidence(sorted(lagging), waits, stalled),
         )
+
+    def _unknown_groups(self) -> list[str]:
+        """Groups in scope whose completion FR does not record, in group order."""
+        unk = self.L.completion_unknown_groups & set(self.groups)
+        return sorted(unk, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
 
     def _complete_everywhere(self, g: str, s: int) -> bool:
         """Every member is known to have finished (g, s): a mismatch there

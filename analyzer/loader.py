@@ -118,10 +118,13 @@ class LoadedDumps:
     # Ranks read from a tail (hangwatch.frtail) because no full dump of theirs
     # was there: their older history is absent by design, not lost.
     tail_ranks: list[int] = field(default_factory=list)
+    # Groups recorded only by torch's FlightRecorderHook on a backend whose
+    # completion is never recorded: what ranks entered is known, not what finished.
+    completion_unknown_groups: set[str] = field(default_factory=set)
 
     @property
     def backend(self) -> str:
-        vals = [b for b in self.backends.values() if b]
+        vals = [b for v in self.backends.values() for b in v.split(",") if b]
         return max(set(vals), key=vals.count) if vals else ""
 
     def pg_status_frame(self) -> pd.DataFrame:
@@ -379,6 +382,16 @@ def _concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
     return pd.DataFrame(data, copy=False)
 
 
+# Record ids restart in every recorder instance; a rank's k-th instance is
+# shifted by k strides (far above any ring buffer's ids) to stay unique.
+RECORD_ID_STRIDE = 1 << 40
+
+
+def _shift_record_ids(p: ParsedDump, by: int) -> None:
+    p.columns["record_id"] = p.columns["record_id"] + by
+    p.frames = {rec + by: fr for rec, fr in p.frames.items()}
+
+
 def _read_json_file(p: Path, limit: int) -> Any:
     if p.stat().st_size > limit:
         raise ValueError(f"over the {limit}-byte limit")
@@ -392,6 +405,8 @@ def _map_pg_ids(
     entry_map: dict[int, str],
     meta: dict[str, Any] | None,
     digit_names: set[str],
+    *,
+    instance: str = "",
 ) -> tuple[dict[str, PgStatus], list[int]]:
     """Tie each local pg_id in pg_status to a group name.
 
@@ -406,7 +421,20 @@ def _map_pg_ids(
     name any dump mentions (gloo's pg_config is empty).
     """
     mapping: dict[int, tuple[str, str]] = {pid: (g, "entries") for pid, g in entry_map.items()}
-    if meta:
+    recs = (meta or {}).get("recorders")
+    rec = (
+        next(
+            (x for x in recs if isinstance(x, dict) and x.get("instance") == instance),
+            None,
+        )
+        if isinstance(recs, list) and instance
+        else None
+    )
+    if rec is not None and isinstance(rec.get("groups"), list):
+        # The agent recorded this instance's own numbering: pg_id == index.
+        for pid, name in enumerate(rec["groups"]):
+            mapping.setdefault(pid, (str(name), "bundle"))
+    elif meta and (not instance or instance == formats.GENERIC_INSTANCE or not recs):
         for g in meta.get("groups") or []:
             if isinstance(g, dict) and g.get("pg_id") is not None and g.get("name") is not None:
                 try:
@@ -604,7 +632,9 @@ def load_dumps(
         cands, workers=workers, progress=progress, max_bytes=max_file_bytes, max_entries=max_entries
     )
 
-    by_rank: dict[int, tuple[_Candidate, ParsedDump]] = {}
+    # One dump per (rank, backend): a rank of a job with NCCL and gloo groups
+    # has one recorder instance of each (hangwatch.recorders), and both count.
+    by_key: dict[tuple[int, str], tuple[_Candidate, ParsedDump]] = {}
     # Full dumps first: phase two of a collection brings a rank's full dump
     # next to its tail (hangwatch.frtail), and the full one holds everything
     # the tail does. Only two dumps of the same kind are a conflict.
@@ -612,15 +642,16 @@ def load_dumps(
         if parsed is None:
             errors.append(FileError(file=cand.rel, error=err or "unreadable"))
             continue
-        prev = by_rank.get(cand.rank)
+        key = (cand.rank, parsed.backend)
+        prev = by_key.get(key)
         if prev is None:
-            by_rank[cand.rank] = (cand, parsed)
+            by_key[key] = (cand, parsed)
             continue
         if parsed.tail and not prev[1].tail:
             continue
         keep_new = (parsed.n_entries, cand.mtime) > (prev[1].n_entries, prev[0].mtime)
         kept, dropped = ((cand, parsed), prev) if keep_new else (prev, (cand, parsed))
-        by_rank[cand.rank] = kept
+        by_key[key] = kept
         errors.append(
             FileError(
                 file=dropped[0].rel,
@@ -628,18 +659,31 @@ def load_dumps(
             )
         )
 
-    ranks = sorted(by_rank)
-    parts = [(r, by_rank[r][1]) for r in ranks]
-    entry_maps: dict[int, dict[int, str]] = {}
+    ranks = sorted({r for r, _ in by_key})
+    # Ordered by rank, then backend; record ids restart in every recorder
+    # instance, so a rank's second instance is shifted to keep (rank, record_id) unique.
+    parts: list[tuple[int, ParsedDump]] = []
+    files_of: dict[int, list[str]] = {}
+    for (r, _b), (cand, p) in sorted(by_key.items()):
+        k = len(files_of.setdefault(r, []))
+        files_of[r].append(cand.rel)
+        if k:
+            _shift_record_ids(p, k * RECORD_ID_STRIDE)
+        parts.append((r, p))
+    entry_maps: dict[tuple[int, int], dict[int, str]] = {}
     all_names: set[str] = set()
-    for r, p in parts:
+    unknown_completion: set[str] = set()
+    known_completion: set[str] = set()
+    for i, (r, p) in enumerate(parts):
         all_names.update(p.pg_config)
         if p.n_entries:
             pids = p.columns["pg_id"]
             grp: Coded = p.columns["group"]
             _, first = np.unique(pids, return_index=True)
-            entry_maps[r] = {int(pids[i]): grp.cats[grp.codes[i]] for i in first}
-            all_names.update(entry_maps[r].values())
+            entry_maps[(r, i)] = {int(pids[j]): grp.cats[grp.codes[j]] for j in first}
+            all_names.update(entry_maps[(r, i)].values())
+            done = known_completion if p.completion_known else unknown_completion
+            done.update(str(c) for c in grp.cats)
     entries = _concat_columns(parts)
 
     pg_status: dict[int, dict[str, PgStatus]] = {}
@@ -653,13 +697,21 @@ def load_dumps(
         )
     # Once, not per rank: 1,665 names x 4,096 ranks of isdigit() cost 2 s.
     digit_names = {n for n in all_names if n.isdigit()}
-    for r, p in parts:
-        pg_status[r], um = _map_pg_ids(r, p, entry_maps.get(r, {}), rank_meta.get(r), digit_names)
+    for i, (r, p) in enumerate(parts):
+        st, um = _map_pg_ids(
+            r, p, entry_maps.get((r, i), {}), rank_meta.get(r), digit_names, instance=p.backend
+        )
+        mine = pg_status.setdefault(r, {})
+        for g, v in st.items():
+            mine.setdefault(g, v)  # a group in two instances: its first (GPU) one
         if um:
-            unmapped[r] = um
+            unmapped.setdefault(r, []).extend(um)
         for rec, fr in p.frames.items():
             frames[(r, rec)] = fr
-    pg_config = {r: p.pg_config for r, p in parts}
+    pg_config: dict[int, dict[str, dict[str, Any]]] = {}
+    for r, p in parts:
+        for name, c in p.pg_config.items():
+            pg_config.setdefault(r, {}).setdefault(name, c)
     groups = build_groups(
         entries=entries,
         pg_status=pg_status,
@@ -676,14 +728,17 @@ def load_dumps(
         errors=errors,
         rank_meta=rank_meta,
         frames=frames,
-        versions={r: p.version for r, p in parts},
-        comm_lib_versions={r: p.comm_lib_version for r, p in parts},
-        backends={r: p.backend for r, p in parts},
+        versions={r: p.version for r, p in reversed(parts)},
+        comm_lib_versions={r: p.comm_lib_version for r, p in reversed(parts)},
+        backends={
+            r: ",".join(sorted({q.backend for s_, q in parts if s_ == r} - {""})) for r in ranks
+        },
         pg_config=pg_config,
         unmapped_pg_ids=unmapped,
         incident=incident,
-        files={r: by_rank[r][0].rel for r in ranks},
+        files={r: ", ".join(files_of[r]) for r in ranks},
         world_size=world_size,
         selected_ranks=selected,
-        tail_ranks=[r for r in ranks if by_rank[r][1].tail],
+        tail_ranks=sorted({r for r, p in parts if p.tail}),
+        completion_unknown_groups=unknown_completion - known_completion,
     )

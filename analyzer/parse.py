@@ -108,6 +108,40 @@ class ParsedDump:
     frames: dict[int, tuple[tuple[str, str, int], ...]] = field(default_factory=dict)
     # Cut by hangwatch.frtail: a full dump of the same rank supersedes it.
     tail: bool = False
+    # Recorded by torch's FlightRecorderHook (2.15+), not by the backend itself.
+    hooked: bool = False
+    # False when nothing in the dump says whether any collective completed:
+    # a hook-recorded asynchronous backend (see recorder_semantics).
+    completion_known: bool = True
+
+
+# Backends that feed a flight recorder themselves, as torch 2.15 lists them
+# (distributed_c10d._FR_SELF_RECORDING_BACKENDS, by the names their entries
+# carry: legacy NCCL calls itself "nccl"). Every other backend's entries come
+# from FlightRecorderHook. Before 2.15 only gloo and NCCL recorded at all.
+SELF_RECORDING_BACKENDS = frozenset({"gloo", "nccl", "xccl", "fake", ""})
+
+
+def recorder_semantics(
+    backend: str, state: Coded, completed_ns: np.ndarray, pg_status: dict[str, tuple[int, int, int]]
+) -> tuple[bool, bool]:
+    """(hooked, completion_known) for one dump.
+
+    Measured on torch 2.15 with an asynchronous CPU backend: the hook marks an
+    entry `retired` when the call returns, leaves `state` at "scheduled", and
+    `pg_status.last_completed_collective` at -1 however the work ends. So a
+    hooked dump's `retired` says nothing about completion; only a completed
+    state, a completion timestamp or a completed counter does.
+    """
+    hooked = backend not in SELF_RECORDING_BACKENDS
+    if not hooked:
+        return False, True
+    known = (
+        "completed" in state.cats
+        or bool(np.any(completed_ns > 0))
+        or any(c >= 0 for _, _, c in pg_status.values())
+    )
+    return True, known
 
 
 def sniff_and_decode(data: bytes) -> Any:
@@ -726,7 +760,8 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     frames: dict[int, tuple[tuple[str, str, int], ...]] = {}
     if n:
         rec = columns["record_id"]
-        done = retired.copy()
+        # A hooked recorder's `retired` is not completion (recorder_semantics).
+        done = retired.copy() if meta.backend in SELF_RECORDING_BACKENDS else np.zeros(n, bool)
         if "completed" in state.cats:
             done |= state.codes == state.cats.index("completed")
         want = ~done
@@ -739,16 +774,27 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
             if fr:
                 frames[int(rec[i])] = _frames(fr)
 
+    pg_status = _pg_status(raw.get("pg_status"))
+    hooked, completion_known = recorder_semantics(
+        meta.backend, state, columns["time_discovered_completed_ns"], pg_status
+    )
+    if hooked:
+        # Not completion there (see recorder_semantics); and the hook's
+        # pg_status counts op_id from 0 where gloo and NCCL count from 1.
+        columns["retired"] = np.zeros(n, dtype=bool)
+        pg_status = {k: tuple(v + 1 if v >= 0 else v for v in t) for k, t in pg_status.items()}  # type: ignore[misc]
     return ParsedDump(
         version=version,
         comm_lib_version=str(comm or ""),
         backend=meta.backend,
         pg_config=_pg_config(raw.get("pg_config")),
-        pg_status=_pg_status(raw.get("pg_status")),
+        pg_status=pg_status,
         columns=columns,
         n_entries=n,
         frames=frames,
         tail=is_tail(raw),
+        hooked=hooked,
+        completion_known=completion_known,
     )
 
 

@@ -150,7 +150,35 @@ def compute_progress(loaded: LoadedDumps, entries: pd.DataFrame) -> Progress:
         np.nan,
     )
     out["coll_blocked"] = np.where(np.isnan(open_min), from_status, open_min)
+    _assume_entered_means_done(out, loaded.completion_unknown_groups)
     return Progress(table=out, mixed_groups=mixed, coll_max=coll_max)
+
+
+def _assume_entered_means_done(out: pd.DataFrame, groups: set[str]) -> None:
+    """Groups whose recorder records no completion (torch's FlightRecorderHook on
+    an asynchronous backend): only what each rank entered is known.
+
+    A collective every member with a dump entered is taken as finished, except
+    the newest one they all entered when nobody went further: that may be the
+    one they are all stuck in. A rank behind the rest is then "not entered" in
+    the collective the others wait in, exactly as in a gloo dump; a hang
+    inside a collective everyone entered stays undecided (the verdict says so).
+    """
+    if not groups or not len(out):
+        return
+    gidx = np.asarray(out.index.get_level_values("group").astype(str))
+    for g in groups:
+        m = gidx == g
+        enq = out.loc[m, "coll_enq"].to_numpy()
+        if not m.any() or np.isnan(enq).all():
+            continue
+        lo, hi = np.nanmin(enq), np.nanmax(enq)
+        if hi > lo:
+            out.loc[m, "coll_comp"] = lo
+            out.loc[m, "coll_blocked"] = np.where(enq > lo, lo + 1, np.nan)
+        else:
+            out.loc[m, "coll_comp"] = lo - 1
+            out.loc[m, "coll_blocked"] = np.where(np.isnan(enq), np.nan, lo)
 
 
 def _open_after(

@@ -20,6 +20,7 @@ _VERDICT_STYLE = {
     "mismatch": "bold magenta",
     "no-culprit-visible": "bold yellow",
     "healthy": "bold green",
+    "unknown": "bold yellow",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 SCHEMA = "hangwatch.report/1"
 
-Verdict = Literal["hang", "mismatch", "healthy", "no-culprit-visible"]
+Verdict = Literal["hang", "mismatch", "healthy", "no-culprit-visible", "unknown"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-Verdict = Literal["hang", "mismatch", "no-culprit-visible", "healthy"]
+Verdict = Literal["hang", "mismatch", "no-culprit-visible", "healthy", "unknown"]
 
 DEFAULT_GROUP = "0"
 # Collectives one healthy step issues on the default group, in order.

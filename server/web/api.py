@@ -140,7 +140,7 @@ def api_incidents(
         str | None, Query(description="Created at or before: unix seconds or ISO 8601 (UTC).")
     ] = None,
     verdict: Annotated[
-        str | None, Query(description="hang, mismatch, healthy or no-culprit-visible.")
+        str | None, Query(description="hang, mismatch, healthy, no-culprit-visible or unknown.")
     ] = None,
     status: Annotated[str | None, Query(description="collecting, analyzed or failed.")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,

@@ -15,7 +15,7 @@ from hangwatch.server.web.templating import environment
 
 router = APIRouter(include_in_schema=False)
 
-VERDICTS = ("hang", "mismatch", "healthy", "no-culprit-visible")
+VERDICTS = ("hang", "mismatch", "healthy", "no-culprit-visible", "unknown")
 STATUSES = ("collecting", "analyzed", "failed")
 MAX_FORM_BYTES = 8192
 
