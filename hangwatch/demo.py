@@ -66,7 +66,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--scenario", choices=SCENARIOS, default="skip", help="Hang to inject (default: skip)."
     )
-    p.add_argument("--ranks", type=int, default=4, help="Number of gloo ranks (default: 4).")
+    p.add_argument("--ranks", type=int, default=4, help="Number of ranks (default: 4).")
+    p.add_argument(
+        "--backend",
+        choices=("gloo", "hwstore"),
+        default="gloo",
+        help="Collective backend of the demo job: gloo (default), or hwstore, an asynchronous "
+        "CPU backend that torch 2.15 records through its FlightRecorderHook exactly as it "
+        "records its default NCCL (needs torch >= 2.15).",
+    )
     p.add_argument(
         "--json", action="store_true", help="Print the report plus incident fields as JSON."
     )
@@ -200,7 +208,7 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         conf = _config(ns)
-        scenario = get_scenario(ns.scenario)
+        scenario = get_scenario(ns.scenario).for_backend(ns.backend)
         scenario.check_world(ns.ranks)
         token = conf.resolved_token()
     except (ValueError, OSError) as e:
@@ -249,11 +257,17 @@ def run(ns: argparse.Namespace) -> int:
 
         _say(
             quiet,
-            f"launching {ns.ranks} gloo ranks, scenario {scenario.name!r}: {scenario.description}",
+            f"launching {ns.ranks} {ns.backend} ranks, scenario {scenario.name!r}: "
+            f"{scenario.description}",
         )
         try:
             job = launch_job(
-                scenario, ns.ranks, workdir=work / "job", attach=True, extra_env=child_env
+                scenario,
+                ns.ranks,
+                workdir=work / "job",
+                attach=True,
+                extra_env=child_env,
+                backend=ns.backend,
             )
         except JobFailed as e:
             print(f"hangwatch demo: the training job failed to start: {e}", file=sys.stderr)

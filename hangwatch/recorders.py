@@ -251,11 +251,18 @@ def find(recorders: Iterable[Recorder], instance: str | None) -> Recorder | None
     return next((r for r in recs if r.instance == instance), None)
 
 
+def dump(rec: Recorder, *, pickle: bool, stacks: bool = True) -> bytes:
+    """The full dump of one instance, as torch produces it."""
+    if pickle:
+        return _reader(rec.kind, rec.instance, pickle=True)(
+            includeCollectives=True, includeStackTraces=stacks, onlyActive=False
+        )
+    return _reader(rec.kind, rec.instance, pickle=False)(includeCollectives=True, onlyActive=False)
+
+
 def dump_pickle(rec: Recorder) -> bytes:
-    return _reader(rec.kind, rec.instance, pickle=True)(
-        includeCollectives=True, includeStackTraces=True
-    )
+    return dump(rec, pickle=True)
 
 
 def dump_json(rec: Recorder) -> bytes:
-    return _reader(rec.kind, rec.instance, pickle=False)()
+    return dump(rec, pickle=False)

@@ -13,7 +13,32 @@ GOLDEN_DIR = REPO_ROOT / "tests" / "golden"
 # Real NCCL dumps live outside the repository and are never copied into it.
 CONFORMANCE_DIR = REPO_ROOT.parent / "shared" / "conformance" / "nvrx"
 
-__all__ = ["CONFORMANCE_DIR", "GOLDEN_DIR", "REPO_ROOT", "free_port", "wait_until"]
+__all__ = [
+    "BACKENDS",
+    "CONFORMANCE_DIR",
+    "GOLDEN_DIR",
+    "REPO_ROOT",
+    "free_port",
+    "skip_unless_backend",
+    "wait_until",
+]
+
+# The live hang zoo runs on both: gloo records itself; hwstore is recorded by
+# torch 2.15's FlightRecorderHook, as 2.15's default NCCL is.
+BACKENDS = ("gloo", "hwstore")
+
+
+def skip_unless_backend(backend: str) -> None:
+    """Skip, saying which feature this torch lacks, when `backend` cannot run here."""
+    if backend == "gloo":
+        return
+    import pytest
+
+    from hangwatch.testing import storebackend
+
+    reason = storebackend.unsupported_reason()
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
 
 
 def wait_until(

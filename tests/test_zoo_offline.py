@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from hangwatch.analyzer.report import Report
-from helpers import GOLDEN_DIR, free_port
+from helpers import BACKENDS, GOLDEN_DIR, free_port, skip_unless_backend
 
 from hangwatch.testing.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
@@ -91,11 +91,13 @@ def test_golden_set_is_complete_small_and_current() -> None:
 @pytest.mark.torch
 # About 6 s each on an idle 2-core machine; the slack is for a loaded one.
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_live_scenario_matches_ground_truth(name: str, tmp_path: Path) -> None:
+def test_live_scenario_matches_ground_truth(name: str, backend: str, tmp_path: Path) -> None:
     from hangwatch.testing.launch import launch_job
 
-    sc = get_scenario(name)
+    skip_unless_backend(backend)
+    sc = get_scenario(name).for_backend(backend)
     with launch_job(
         sc,
         WORLD,
@@ -103,6 +105,7 @@ def test_live_scenario_matches_ground_truth(name: str, tmp_path: Path) -> None:
         snapshot_after=SNAPSHOT_AFTER_S,
         include_frames=False,
         ready_timeout=60,
+        backend=backend,
     ) as job:
         snapshot = job.wait_snapshots(timeout=30)
         job.check_ground_truth()
@@ -118,6 +121,9 @@ def test_live_scenario_matches_ground_truth(name: str, tmp_path: Path) -> None:
     report = _analyze(snapshot, WORLD)
     assert _observed(report) == sc.expected(WORLD, steps), f"{name}: {report.summary}"
     assert set(sc.silent_ranks(WORLD)) <= set(report.ranks_missing)
+    kinds = {f.kind for f in report.findings}
+    # Where FR does not record completion the report must say so, every time.
+    assert ("completion-unknown" in kinds) == (backend != "gloo"), kinds
 
 
 # --- harness self-tests ------------------------------------------------------------------

@@ -36,6 +36,7 @@ from hangwatch.testing.scenarios import (
 )
 
 STATUS_SCHEMA = "hangwatch.zoo-status/1"
+BACKENDS = ("gloo", "hwstore")
 STDOUT_TAG = "hangwatch-zoo: "
 
 # Phases a rank's status file goes through, in order.
@@ -101,6 +102,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--attach", action="store_true", help="Call hangwatch.attach() at start.")
     p.add_argument("--collective-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="gloo",
+        help="gloo, or hwstore: an asynchronous CPU backend that torch 2.15 records "
+        "through its FlightRecorderHook, as it records its default NCCL.",
+    )
     p.add_argument(
         "--parent-pid",
         type=int,
@@ -323,8 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _attach()
     job = _Job(ns, scenario, rank, world)
     job.torch.set_num_threads(1)
+    backend = ns.backend
+    if backend == "hwstore":
+        from hangwatch.testing import storebackend
+
+        backend = storebackend.register()
     job.dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=ns.collective_timeout)
+        backend, rank=rank, world_size=world, timeout=timedelta(seconds=ns.collective_timeout)
     )
     job.create_groups()
     status.update(phase=PHASE_READY)

@@ -271,6 +271,7 @@ def launch_job(
     step_time: float | None = None,
     crash_rank: int | None = None,
     ready_timeout: float = 60.0,
+    backend: str = "gloo",
 ) -> JobHandle:
     """Start the job and wait until every rank has joined the process group.
 
@@ -301,6 +302,7 @@ def launch_job(
             include_frames=include_frames,
             step_time=step_time,
             crash_rank=crash_rank,
+            backend=backend,
         )
         try:
             handle.wait_ready(ready_timeout)
@@ -331,6 +333,7 @@ def _spawn(
     include_frames: bool,
     step_time: float | None,
     crash_rank: int | None,
+    backend: str = "gloo",
 ) -> JobHandle:
     port = free_port()
     base_env = dict(os.environ)
@@ -383,6 +386,8 @@ def _spawn(
                 cmd += ["--step-time", str(step_time)]
             if crash_rank is not None:
                 cmd += ["--crash-rank", str(crash_rank)]
+            if backend != "gloo":
+                cmd += ["--backend", backend]
             rank_env = dict(base_env)
             rank_env[env.RANK] = str(rank)
             rank_env[env.LOCAL_RANK] = str(rank)

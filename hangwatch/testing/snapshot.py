@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from hangwatch import formats
 from hangwatch.analyzer.safepickle import safe_loads
 
@@ -141,30 +139,46 @@ def write_snapshot(
     first dump with them imports torch._inductor (about 800 modules, seconds
     of CPU), which a test suite on two cores cannot pay per rank.
     """
-    # Private bindings, absent from torch's type stubs.
-    c10d: Any = torch._C._distributed_c10d
-    raw = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=frames, onlyActive=False)
-    # Our own process's bytes, but the project reads every FR pickle one way.
-    trace: dict[str, Any] = safe_loads(raw)  # type: ignore[assignment]
+    from hangwatch import recorders
+    from hangwatch.testing import storebackend
+
+    recs = recorders.discover() or [
+        recorders.Recorder(
+            instance=formats.GENERIC_INSTANCE,
+            kind=recorders.KIND_GENERIC,
+            completion=recorders.COMPLETION_TRACKED,
+        )
+    ]
     roots = _path_roots()
-    if fmt == "pickle":
-        if portable:
-            _portable_entries(trace, roots)
-            raw = pickle.dumps(trace)
-        data = raw
-    else:
-        # The JSON dump has no frames, so there are no paths in it to rewrite.
-        data = c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
-    flights = in_flight(trace)
+    dumps: list[tuple[recorders.Recorder, bytes]] = []
+    flights: list[dict[str, Any]] = []
+    pg_ids: dict[str, int] = {}
+    for rec in recs:
+        raw = recorders.dump(rec, pickle=True, stacks=frames)
+        # Our own process's bytes, but the project reads every FR pickle one way.
+        trace: dict[str, Any] = safe_loads(raw)  # type: ignore[assignment]
+        if fmt == "pickle":
+            if portable:
+                _portable_entries(trace, roots)
+                raw = pickle.dumps(trace)
+            data = raw
+        else:
+            # The JSON dump has no frames, so there are no paths in it to rewrite.
+            data = recorders.dump(rec, pickle=False, stacks=False)
+        if rec.completion == recorders.COMPLETION_TRACKED:
+            flights += in_flight(trace)
+        for name, pid in _pg_ids(trace).items():
+            pg_ids.setdefault(name, pid)
+        dumps.append((rec, data))
+    # Where FR does not record completion, the backend itself knows what is pending.
+    flights += storebackend.pending_collectives()
 
     rank_dir = out_dir / f"rank_{rank}" if layout == "bundle" else out_dir
-    fr_path = rank_dir / f"{formats.FR_FILE_PREFIX}{rank}"
     if layout == "bundle":
         stacks = _stacks_text()
         if portable:
             stacks = _portable_stacks(stacks, roots)
         _atomic_write(rank_dir / formats.STACKS_FILE, stacks.encode())
-        pg_ids = _pg_ids(trace)
         meta = {
             "schema": formats.RANKMETA,
             "rank": rank,
@@ -178,11 +192,15 @@ def write_snapshot(
                 for g in groups
                 if rank in g.ranks
             ],
+            "recorders": [r.to_json() for r in recs],
             "sources": {"fr": "thread", "stacks": "thread", "gpu": "none", "process": "none"},
-            "gpu": {"available": False, "reason": "CPU-only gloo test job"},
+            "gpu": {"available": False, "reason": "CPU-only test job"},
             "errors": {},
         }
         _atomic_write(rank_dir / formats.META_FILE, json.dumps(meta, indent=1).encode())
-    # The FR file last: its presence means the rank's snapshot is complete.
-    _atomic_write(fr_path, data)
+    # The generic instance's file last: its presence means the rank's snapshot is complete.
+    fr_path = rank_dir / f"{formats.FR_FILE_PREFIX}{rank}"
+    for rec, data in sorted(dumps, key=lambda d: d[0].file_stem == formats.FR_FILE_PREFIX):
+        _atomic_write(rank_dir / f"{rec.file_stem}{rank}", data)
+        fr_path = rank_dir / f"{rec.file_stem}{rank}"
     return fr_path, flights

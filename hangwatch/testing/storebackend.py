@@ -44,6 +44,27 @@ def register(name: str = BACKEND_NAME) -> str:
     return name
 
 
+def pending_collectives() -> list[dict[str, object]]:
+    """Collectives this process submitted to the backend and that have not finished,
+    per group: {"group", "seq", "op"}, oldest first."""
+    import torch
+    import torch.distributed as dist
+
+    cls = _make_class()
+    out: list[dict[str, object]] = []
+    for pg, name in dist.distributed_c10d._world.pg_names.items():
+        try:
+            b = pg._get_backend(torch.device("cpu"))
+        except Exception:  # a group without a CPU backend is none of ours
+            continue
+        if isinstance(b, cls):
+            with b._lock:
+                out += [
+                    {"group": str(name), "seq": s, "op": op} for s, op in sorted(b.pending.items())
+                ]
+    return out
+
+
 def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     return _make_class()(store, rank, size, timeout)
 
@@ -88,6 +109,9 @@ def _make_class() -> Any:
             self._lock = threading.Lock()
             self._q: queue.SimpleQueue[tuple[Callable[[], Any], Any] | None] = queue.SimpleQueue()
             self._closed = threading.Event()
+            # seq -> op of collectives submitted and not finished: the harness's
+            # ground truth of what this rank is blocked in (FR cannot say here).
+            self.pending: dict[int, str] = {}
             self._worker = threading.Thread(
                 target=self._run, name=f"{BACKEND_NAME}-worker", daemon=True
             )
@@ -104,21 +128,31 @@ def _make_class() -> Any:
                 item = self._q.get()
                 if item is None:
                     return
-                fn, fut = item
+                fn, fut, seq = item
                 try:
-                    fut.set_result(fn())
+                    result = fn()
                 except Exception as e:  # surfaces in the caller's wait()
                     fut.set_exception(e)
+                    continue
+                if seq is not None:
+                    with self._lock:
+                        self.pending.pop(seq, None)
+                fut.set_result(result)
 
-        def _submit(self, fn: Callable[[], Any]) -> Any:
+        def _submit(self, fn: Callable[[], Any], seq: int | None = None) -> Any:
             fut: torch.futures.Future[Any] = torch.futures.Future()
-            self._q.put((fn, fut))
+            self._q.put((fn, fut, seq))
             return _create_work_from_future(fut)
 
         def _next(self, op: str) -> str:
             with self._lock:
                 self._seq += 1
+                self.pending[self._seq] = op
                 return f"c/{self._seq}/{op}"
+
+        @staticmethod
+        def _seq_of(base: str) -> int:
+            return int(base.split("/")[1])
 
         def _wait_key(self, key: str) -> bytes:
             while not self._closed.is_set():
@@ -160,7 +194,7 @@ def _make_class() -> Any:
                     t.copy_(acc)
                 return tensors
 
-            return self._submit(run)
+            return self._submit(run, self._seq_of(base))
 
         def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
             base = self._next("broadcast")
@@ -174,7 +208,7 @@ def _make_class() -> Any:
                         t.copy_(_from_bytes(parts[root]))
                 return tensors
 
-            return self._submit(run)
+            return self._submit(run, self._seq_of(base))
 
         def allgather(
             self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
@@ -187,7 +221,7 @@ def _make_class() -> Any:
                     out.copy_(_from_bytes(p))
                 return outputs[0]
 
-            return self._submit(run)
+            return self._submit(run, self._seq_of(base))
 
         def _allgather_base(self, output: torch.Tensor, inp: torch.Tensor, opts: Any) -> Any:
             base = self._next("all_gather_into_tensor")
@@ -197,7 +231,7 @@ def _make_class() -> Any:
                 output.copy_(torch.cat([_from_bytes(p).reshape(-1) for p in parts]).view_as(output))
                 return [output]
 
-            return self._submit(run)
+            return self._submit(run, self._seq_of(base))
 
         # torch 2.15 routes all_gather_into_tensor here; older torch uses _allgather_base.
         def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any) -> Any:
@@ -210,7 +244,7 @@ def _make_class() -> Any:
                 self._exchange(base, b"1", list(range(self._size)))
                 return []
 
-            return self._submit(run)
+            return self._submit(run, self._seq_of(base))
 
         # --- point to point --------------------------------------------------
 
@@ -246,3 +280,21 @@ def _make_class() -> Any:
 
     _CLASS = StoreBackend
     return _CLASS
+
+
+def unsupported_reason() -> str | None:
+    """Why this torch cannot record the backend through FlightRecorderHook, or None.
+
+    A feature probe, not a version check: the hook and the per-backend
+    recorder instances arrived together (torch 2.15).
+    """
+    try:
+        import torch._C._distributed_c10d as c
+        import torch.distributed.distributed_c10d as c10d
+    except ImportError as e:
+        return f"torch.distributed is not available: {e}"
+    if not hasattr(c, "FlightRecorderHook"):
+        return "this torch has no FlightRecorderHook (hook-recorded backends arrived in torch 2.15)"
+    if not hasattr(c10d._world, "pg_flight_recorder_hooks"):
+        return "this torch does not attach FlightRecorderHook to process groups"
+    return None

@@ -83,6 +83,7 @@ def start_job(
     mode: str = "hang",
     attach: str = "call",
     extra: tuple[str, ...] = (),
+    backend: str = "gloo",
 ) -> Job:
     run_dir = base / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +105,8 @@ def start_job(
             mode,
             "--attach",
             attach,
+            "--backend",
+            backend,
             *extra,
         ]
         with open(log, "wb") as f:

@@ -7,6 +7,9 @@ Modes:
   timeout  like hang, but the process group timeout is --pg-timeout seconds, so
            the waiting ranks raise a collective timeout that escapes to the top
 Attach modes: call (hangwatch.attach()), thread (forced fallback endpoint), none.
+--backend hwstore: the default group and the pairs run on the asynchronous
+store backend that torch 2.15 records through FlightRecorderHook; the "head"
+subgroup stays gloo, so a rank writes to two recorder instances.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def main() -> int:
     p.add_argument("--culprit", type=int, default=1)
     p.add_argument("--pg-timeout", type=float, default=300.0)
     p.add_argument("--interval", type=float, default=0.05)
+    p.add_argument("--backend", default="gloo", choices=["gloo", "hwstore"])
     a = p.parse_args()
 
     if a.attach != "none":
@@ -44,15 +48,20 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
+    backend = "gloo"
+    if a.backend == "hwstore":
+        from hangwatch.testing import storebackend
+
+        backend = storebackend.register()
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"file://{a.store}",
         rank=a.rank,
         world_size=a.world,
         timeout=datetime.timedelta(seconds=a.pg_timeout),
     )
     # A subgroup of everyone but the last rank, then pairs: exercises pg_id order.
-    sub = dist.new_group(list(range(max(1, a.world - 1))), group_desc="head")
+    sub = dist.new_group(list(range(max(1, a.world - 1))), group_desc="head", backend="gloo")
     pairs, _ = dist.new_subgroups(2)
     t = torch.ones(8)
     for _ in range(a.steps):

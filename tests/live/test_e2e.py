@@ -19,6 +19,7 @@ import pytest
 
 from hangwatch import env
 from hangwatch.testing.scenarios import get_scenario
+from tests.helpers import BACKENDS, skip_unless_backend
 from tests.live.conftest import STALL_TIMEOUT
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -27,14 +28,16 @@ WORLD = 4
 LIVE_SCENARIOS = ["skip", "compute", "frozen", "two", "mismatch", "subgroup", "order", "gil"]
 
 
-def _demo(coordinator: dict[str, str], scenario: str, tmp_path: Path) -> dict:
+def _demo(
+    coordinator: dict[str, str], scenario: str, tmp_path: Path, backend: str = "gloo"
+) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
     environ[env.HANGWATCH_POLL_INTERVAL] = "0.5"
     r = subprocess.run(
         [sys.executable, "-m", "hangwatch", "demo", "--scenario", scenario, "--ranks", str(WORLD),
          "--coordinator", coordinator["grpc"], "--stall-timeout", str(STALL_TIMEOUT), "--json",
-         "--timeout", "90"],
+         "--timeout", "90", "--backend", backend],
         capture_output=True, text=True, timeout=150, env=environ,
     )  # fmt: skip
     assert r.returncode == 0, f"demo failed ({r.returncode}):\n{r.stderr[-4000:]}"
@@ -42,10 +45,14 @@ def _demo(coordinator: dict[str, str], scenario: str, tmp_path: Path) -> dict:
 
 
 @pytest.mark.timeout(170)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", LIVE_SCENARIOS)
-def test_live_incident(coordinator: dict[str, str], name: str, tmp_path: Path) -> None:
-    sc = get_scenario(name)
-    out = _demo(coordinator, name, tmp_path)
+def test_live_incident(
+    coordinator: dict[str, str], name: str, backend: str, tmp_path: Path
+) -> None:
+    skip_unless_backend(backend)
+    sc = get_scenario(name).for_backend(backend)
+    out = _demo(coordinator, name, tmp_path, backend)
 
     assert out["schema"] == "hangwatch.report/1"
     assert out["incident_id"]
@@ -76,6 +83,10 @@ def test_live_incident(coordinator: dict[str, str], name: str, tmp_path: Path) -
 
 
 @pytest.mark.timeout(170)
-def test_live_healthy_job_raises_no_incident(coordinator: dict[str, str], tmp_path: Path) -> None:
-    out = _demo(coordinator, "healthy", tmp_path)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_live_healthy_job_raises_no_incident(
+    coordinator: dict[str, str], backend: str, tmp_path: Path
+) -> None:
+    skip_unless_backend(backend)
+    out = _demo(coordinator, "healthy", tmp_path, backend)
     assert out["incidents"] == []
