@@ -232,6 +232,7 @@ def test_torchs_own_dump_to_file_is_picked_up_as_a_watchdog_dump(hooked_job: Job
     """torch 2.15's fr_dump_file writes <TORCH_FR_DUMP_TEMP_FILE><rank> from C++ (what
     its watchdog tooling calls); the agent must notice the file and report it."""
     from hangwatch.agent.service import Agent
+
     from hangwatch.config import Config
     from hangwatch.wire import pb
 
