@@ -70,6 +70,8 @@ def _create(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
 
 
 _CLASS: Any = None
+# (work, its future, its collective seq or None for p2p)
+_Item = tuple[Callable[[], Any], Any, "int | None"]
 
 
 def _make_class() -> Any:
@@ -80,7 +82,11 @@ def _make_class() -> Any:
     import torch
     import torch.distributed as dist
     from torch._C._distributed_c10d import Backend as C10dBackend
-    from torch._C._distributed_c10d import _create_work_from_future
+
+    # Private binding, absent from torch's type stubs.
+    _create_work_from_future: Callable[[Any], Any] = (
+        torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
+    )
 
     def _to_bytes(t: torch.Tensor) -> bytes:
         buf = io.BytesIO()
@@ -107,7 +113,7 @@ def _make_class() -> Any:
             self._seq = 0
             self._p2p: dict[tuple[int, int], int] = {}
             self._lock = threading.Lock()
-            self._q: queue.SimpleQueue[tuple[Callable[[], Any], Any] | None] = queue.SimpleQueue()
+            self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
             self._closed = threading.Event()
             # seq -> op of collectives submitted and not finished: the harness's
             # ground truth of what this rank is blocked in (FR cannot say here).
