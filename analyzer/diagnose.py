@@ -660,8 +660,14 @@ class _Diagnosis:
                         "stuck-outside-collective",
                         r,
                         w0,
-                        f"rank {r} finished every collective it enqueued and never entered {where}; "
-                        f"it is stuck outside any collective (compute, I/O, Python); see its stacks",
+                        (
+                            f"rank {r} finished every collective it enqueued and never entered {where}; "
+                            if w0.group not in self.L.completion_unknown_groups
+                            # Completion is not recorded there: say only what is known.
+                            else f"rank {r} is in no collective its peers have not all entered, "
+                            f"and never entered {where}; "
+                        )
+                        + "it is stuck outside any collective (compute, I/O, Python); see its stacks",
                     )
                 )
             else:

@@ -223,7 +223,12 @@ def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size
                 "times out, and hangwatch relies on its own status polls and dumps",
             )
         )
-    real = next((environ[n] for n in env.DUMP_FILE_NAMES if environ.get(n)), prefix)
+    # torch's own precedence (env.DUMP_FILE_NAMES order).
+    real = (
+        environ.get(env.TORCH_FR_DUMP_TEMP_FILE)
+        or environ.get(env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+        or prefix
+    )
     st.dump_prefixes = {"watchdog": real}
     if environ.get(env.TORCH_FR_BUFFER_SIZE) == "0":
         msg = (
