@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from hangwatch.analyzer.report import Report
 
 # Imported on first use, not with the package: the node agent reads pickles
-# through hangwatch.analyzer.safepickle when it cuts FR tails, and must not
+# through hangwatch.safepickle when it cuts FR tails, and must not
 # pay for pandas and numpy (~100 MB, ~1 s) in the sidecar to do so.
 _LAZY = {
     "analyze": "hangwatch.analyzer.diagnose",

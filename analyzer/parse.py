@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hangwatch.analyzer.safepickle import UnsafePickleError, safe_loads
 
 from hangwatch.frtail import is_tail
+from hangwatch.safepickle import UnsafePickleError, safe_loads
 
 MAX_ENTRIES_PER_FILE = 5_000_000
 # Frames are big; keep them only for the entries evidence can point at.

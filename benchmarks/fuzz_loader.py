@@ -71,7 +71,8 @@ def _fuzz(argv: list[str]) -> None:
     with atheris.instrument_imports(include=["hangwatch"]):
         import hangwatch.analyzer.loader
         import hangwatch.analyzer.parse
-        import hangwatch.analyzer.safepickle  # noqa: F401
+
+        import hangwatch.safepickle  # noqa: F401
     work = Path(tempfile.mkdtemp(prefix="fuzz-loader-"))
 
     def one(data: bytes) -> None:

@@ -67,14 +67,18 @@ def main() -> int:
     recs = recorders.discover()
     c = recorders.c10d_ext()
     print(f"torch {torch.__version__}; instances: {', '.join(r.instance for r in recs)}")
-    anchor, asize = _median_us(lambda: bytes(c._dump_fr_trace_json(includeCollectives=False)), a.reps)
+    anchor, asize = _median_us(
+        lambda: bytes(c._dump_fr_trace_json(includeCollectives=False)), a.reps
+    )
     print(f"anchor  generic status-only dump      {anchor:9.1f} us  {asize:8d} B  1.00x")
     rows: list[tuple[str, Callable[[], bytes]]] = [
         ("FRSTATUS (every instance)", lambda: recorders.status_doc(recs)),
     ]
     for r in recs:
         reader = recorders._reader(r.kind, r.instance, pickle=False)
-        rows.append((f"{r.instance} status-only", lambda reader=reader: reader(includeCollectives=False)))  # type: ignore[misc]
+        rows.append(
+            (f"{r.instance} status-only", lambda reader=reader: reader(includeCollectives=False))
+        )  # type: ignore[misc]
         rows.append((f"{r.instance} full JSON", lambda r=r: recorders.dump(r, pickle=False)))  # type: ignore[misc]
     for label, fn in rows:
         reps = a.reps if "full" not in label else max(5, a.reps // 20)

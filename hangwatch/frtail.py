@@ -18,6 +18,8 @@ import pickle
 from collections.abc import Mapping
 from typing import Any, Final
 
+from hangwatch.safepickle import safe_loads
+
 # Marks a dump as a tail. Readers that know it prefer a full dump of the same
 # rank; readers that do not see an ordinary dump that wrapped its ring buffer.
 TAIL_KEY: Final = "hangwatch_tail"
@@ -147,13 +149,10 @@ def tail_bytes(
 ) -> bytes | None:
     """A dump file's tail, in the file's own encoding (JSON stays JSON, pickle
     becomes a protocol-4 pickle). Pickles are read with the analyzer's
-    unpickler, which refuses every global. None when the tail would keep
+    unpickler (hangwatch.safepickle), which refuses every global. None when the tail would keep
     every entry. Raises ValueError on anything that is not a dump. Either
     way the caller ships the whole file instead.
     """
-    # Here, not at the top: the analyzer's parser imports this module.
-    from hangwatch.analyzer.safepickle import safe_loads
-
     head = data[:64].lstrip()[:1]
     if head in (b"{", b"["):
         try:

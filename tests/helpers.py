@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,15 +31,26 @@ __all__ = [
 BACKENDS = ("gloo", "hwstore")
 
 
+@functools.cache
+def _hooked_unsupported() -> str | None:
+    # Probed in a child: importing torch here would cost seconds and leave
+    # torch's import-time state (and its open files) in the test process.
+    code = "from hangwatch.testing.storebackend import unsupported_reason as u\nprint(u() or '')"
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    if r.returncode != 0:
+        return f"cannot probe torch: {r.stderr.strip()[-300:]}"
+    return r.stdout.strip() or None
+
+
 def skip_unless_backend(backend: str) -> None:
     """Skip, saying which feature this torch lacks, when `backend` cannot run here."""
     if backend == "gloo":
         return
     import pytest
 
-    from hangwatch.testing import storebackend
-
-    reason = storebackend.unsupported_reason()
+    reason = _hooked_unsupported()
     if reason is not None:
         pytest.skip(f"{backend}: {reason}")
 

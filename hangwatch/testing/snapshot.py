@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hangwatch import formats
-from hangwatch.analyzer.safepickle import safe_loads
+from hangwatch.safepickle import safe_loads
 
 SnapshotFormat = Literal["pickle", "json"]
 SnapshotLayout = Literal["bundle", "plain"]

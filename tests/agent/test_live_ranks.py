@@ -20,10 +20,10 @@ from hangwatch.agent import collector, endpoint
 from hangwatch.agent.ranks import RankTracker, poll_rank
 from hangwatch.agent.service import Agent
 from hangwatch.analyzer.parse import parse_dump_bytes
-from hangwatch.analyzer.safepickle import safe_loads
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import Config
+from hangwatch.safepickle import safe_loads
 from hangwatch.wire import pb
 from tests.agent.live_ranks import PYSPY, Job, socket_of
 

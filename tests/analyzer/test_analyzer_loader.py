@@ -12,7 +12,8 @@ from fr_dumps import SimJob, write_meta
 from hangwatch.analyzer import analyze_path, load_dumps
 from hangwatch.analyzer.loader import parse_ranks
 from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
-from hangwatch.analyzer.safepickle import UnsafePickleError, safe_loads
+
+from hangwatch.safepickle import UnsafePickleError, safe_loads
 
 pytestmark = pytest.mark.timeout(30)
 

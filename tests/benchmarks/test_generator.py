@@ -17,7 +17,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from hangwatch.analyzer.safepickle import safe_loads
+
+from hangwatch.safepickle import safe_loads
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 RANKS, ENTRIES, TP = 8, 50, 4

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from hangwatch.analyzer.safepickle import safe_loads
 
 from hangwatch import formats
+from hangwatch.safepickle import safe_loads
 from hangwatch.testing.simagents import (
     KINDS,
     OPS_PER_STEP,
