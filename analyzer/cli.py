@@ -96,12 +96,16 @@ def run(ns: argparse.Namespace) -> int:
     report = analyze(loaded, world_size=ns.world_size, group=ns.group)
 
     if ns.html:
+        # The HTML report is the dashboard's incident page; the `hangwatch`
+        # entry point, where the roles meet, supplies it (the analyzer is a
+        # library and imports no UI of the coordinator's).
+        write_html = getattr(ns, "write_html", None)
+        if write_html is None:
+            return _fail("--html is not available here: run it as `hangwatch analyze`")
         try:
-            from hangwatch.server.web.offline import render_incident_html
+            write_html(report, ns.html, f"hangwatch: {path.name}")
         except ImportError as e:
             return _fail(f"--html is not available: {e}")
-        html = render_incident_html(report, title=f"hangwatch: {path.name}")
-        Path(ns.html).write_text(html, encoding="utf-8")
 
     if ns.json:
         sys.stdout.write(report.to_json() + "\n")

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from hangwatch import __version__
 
@@ -35,8 +37,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         if only is None or name == only:
-            importlib.import_module(module).add_parser(sub)
+            p = importlib.import_module(module).add_parser(sub)
+            if name == "analyze" and p is not None:
+                p.set_defaults(write_html=_write_html)
     return parser
+
+
+def _write_html(report: Any, path: str, title: str) -> None:
+    """`hangwatch analyze --html`: the dashboard's incident page, as one file."""
+    from hangwatch.server.web.offline import render_incident_html
+
+    Path(path).write_text(render_incident_html(report, title=title), encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
