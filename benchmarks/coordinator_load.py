@@ -4,7 +4,7 @@
 
 Starts `hangwatch server` as its own process (temp data dir, ports 0), then:
 
-1. a fleet of simulated node agents (8 ranks each, `hangwatch.testing.simagents`)
+1. a fleet of simulated node agents (8 ranks each, `tests.support.simagents`)
    registers and reports progress at 1 Hz; the coordinator's CPU is sampled
    while the job is healthy;
 2. one rank stops before a TP collective; the run waits for the incident to be
@@ -37,7 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hangwatch.testing.simagents import (
+# Run as `python benchmarks/coordinator_load.py`, sys.path[0] is benchmarks/; the
+# repository root goes first so `tests.support` imports (test support
+# shared with the tests, not shipped in the wheel).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.simagents import (
     CoordinatorProcess,
     Fleet,
     IngestProbe,

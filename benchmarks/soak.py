@@ -22,9 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Run as `python benchmarks/soak.py`, sys.path[0] is benchmarks/; the
+# repository root goes first so `tests.support` imports (test support
+# shared with the tests, not shipped in the wheel).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from hangwatch import env
-from hangwatch.testing.chaos import AgentProc, CoordinatorProc, rss_bytes
 from hangwatch.testing.launch import launch_job
+from tests.support.chaos import AgentProc, CoordinatorProc, rss_bytes
 
 JOB = "soak"
 WARMUP_FRACTION = 0.2

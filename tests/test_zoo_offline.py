@@ -4,7 +4,7 @@ Expectations always come from the scenario's ground truth (the injection
 plan in `hangwatch.testing.scenarios`), never from an earlier analyzer run.
 
 * Golden tests (no torch, fast): `tests/golden/<name>/` hold real 4-rank gloo
-  dumps made by `python -m hangwatch.testing.make_golden tests/golden`.
+  dumps made by `python -m tests.support.make_golden tests/golden`.
 * Live tests (`torch`): a real 4-rank gloo job per scenario, each rank that
   can still run Python snapshots its own flight recorder, then the analyzer
   reads the snapshot directory.
@@ -22,8 +22,8 @@ import pytest
 from hangwatch.analyzer.report import Report
 from helpers import BACKENDS, GOLDEN_DIR, free_port, skip_unless_backend
 
-from hangwatch.testing.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
+from tests.support.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 
 WORLD = 4
 # Each rank enters its blocking collective microseconds after the fault step;

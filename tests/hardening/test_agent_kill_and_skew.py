@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from hangwatch.testing.chaos import AgentProc, CoordinatorProc, FaultUnavailable, skewed_clock_env
 from tests.hardening.trainjob import TrainJob, complement, median_in
 from tests.hardening.util import all_connected, finished_incidents, ranks_view, wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, skewed_clock_env
 
 pytestmark = [pytest.mark.torch]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.testing.chaos import AgentProc, CoordinatorProc
 from tests.hardening.trainjob import TrainJob, complement, median_in
 from tests.hardening.util import all_connected, finished_incidents, wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc
 
 pytestmark = [pytest.mark.torch]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.testing.chaos import AgentProc, CoordinatorProc, FaultUnavailable, TmpfsMount
 from tests.hardening.trainjob import TrainJob
 from tests.hardening.util import all_connected, finished_incidents, wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, TmpfsMount
 
 pytestmark = [pytest.mark.torch]
 

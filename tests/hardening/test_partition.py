@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.testing.chaos import AgentProc, CoordinatorProc, FaultUnavailable, NetnsLink
 from tests.hardening.trainjob import TrainJob
 from tests.hardening.util import all_connected, finished_incidents, ranks_view, wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, NetnsLink
 
 pytestmark = [pytest.mark.torch]
 

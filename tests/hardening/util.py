@@ -7,7 +7,7 @@ import urllib.error
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hangwatch.testing.chaos import CoordinatorProc
+from tests.support.chaos import CoordinatorProc
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 A scaled-down `benchmarks/coordinator_load.py`: it checks correctness, not
 speed. The coordinator runs as `python -m hangwatch server`; the agents
-(`hangwatch.testing.simagents`) run in a child process, register 8 ranks
+(`tests.support.simagents`) run in a child process, register 8 ranks
 each, report progress at 1 Hz, and answer the DUMP command with chunked,
 sha256-checked uploads. The analyzer in the coordinator must name the rank
 the simulation made lag, in the TP group and at the seq it never entered.
@@ -19,7 +19,7 @@ import pytest
 
 from hangwatch import formats
 from hangwatch.safepickle import safe_loads
-from hangwatch.testing.simagents import (
+from tests.support.simagents import (
     KINDS,
     OPS_PER_STEP,
     Clock,

@@ -59,10 +59,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import grpc
-
-from hangwatch import formats, frtail
 from hangwatch.agent.delta import DeltaReporter
 from hangwatch.agent.uploader import pack_chunks
+
+from hangwatch import formats, frtail
 from hangwatch.wire import pb, rpc
 
 RANKS_PER_AGENT: Final = 8
@@ -1705,4 +1705,4 @@ __all__ = [
 ]
 
 if __name__ == "__main__":  # pragma: no cover - not a CLI
-    sys.exit("import hangwatch.testing.simagents; see benchmarks/coordinator_load.py")
+    sys.exit("import tests.support.simagents; see benchmarks/coordinator_load.py")

@@ -1,4 +1,4 @@
-"""Regenerate the golden hang-zoo dumps: `python -m hangwatch.testing.make_golden OUT_DIR`.
+"""Regenerate the golden hang-zoo dumps: `python -m tests.support.make_golden OUT_DIR`.
 
 Each golden directory is one real 4-rank gloo job's self-snapshot (see
 `hangwatch.testing.snapshot`), with machine paths stripped, plus a
@@ -105,7 +105,7 @@ def make_one(spec: GoldenSpec, out_dir: Path, *, command: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hangwatch.testing.make_golden", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m tests.support.make_golden", description=__doc__)
     p.add_argument("out_dir", type=Path)
     p.add_argument(
         "--only",
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns.out_dir.mkdir(parents=True, exist_ok=True)
     # An absolute path would put this machine's layout into every manifest.
     shown = "OUT_DIR" if ns.out_dir.is_absolute() else ns.out_dir.as_posix()
-    command = f"python -m hangwatch.testing.make_golden {shown}"
+    command = f"python -m tests.support.make_golden {shown}"
     for spec in specs:
         t0 = time.monotonic()
         dest = make_one(spec, ns.out_dir, command=command)
