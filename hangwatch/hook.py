@@ -1,27 +1,27 @@
 """The per-rank hook: turn on the flight recorder and expose it to the node agent.
 
 `hangwatch.attach()` (or `hangwatch run`, which attaches with no edit of the
-script) does four things, none of them on the collective path:
+script) does five things, none of them on the collective path:
 
-1. Sets torch's FR environment defaults. torch 2.13 reads `TORCH_FR_BUFFER_SIZE`
-   when the flight recorder is first touched, which is `init_process_group`
-   (measured: setting it after `import torch` but before init works; after
-   init, or after any FR dump call, it is ignored). So attach must run before
-   the process group exists; `hangwatch run` guarantees that.
+1. Sets torch's FR environment defaults (`hangwatch.torchenv`: the job's own
+   values win, and the decisions are logged only once the process is a rank).
+   torch reads `TORCH_FR_BUFFER_SIZE` when the flight recorder is first
+   touched, which is `init_process_group` (measured on 2.13: after init, or
+   after any FR dump call, it is ignored). So attach must run before the
+   process group exists; `hangwatch run` guarantees that.
 2. Wraps the group-creation functions so that after every new group it
    rewrites `<run_dir>/hook/<pid>.json` (RANKINFO) with each group's name,
-   desc, local pg_id and global ranks. FR's `pg_status` is keyed by the local
-   pg_id, which torch does not expose for gloo; it is the creation order of
-   the groups this process is a member of (`_world.pg_names` order; measured on
-   2.13, including non-member groups and `new_subgroups`). The agent checks
-   that mapping against the entries' `process_group` names whenever it has
-   entries, because extra backends (e.g. TORCH_DISTRIBUTED_DEBUG=DETAIL
-   wrappers) could shift it.
-3. Starts torch's C++ worker server on `<run_dir>/hook/<pid>.sock` and adds two
-   Python handlers: `hangwatch_status` (status-only FR dump) and
-   `hangwatch_fr_pickle`. Without the C++ server, a daemon thread serves the
-   same handlers.
-4. Chains `sys.excepthook`/`threading.excepthook` to append a line to
+   desc, pg_id and global ranks, and every flight-recorder instance the
+   groups write to (`hangwatch.recorders`: gloo's, legacy NCCL's, one per
+   hook-recorded backend on 2.15), with the groups each instance numbers.
+   FR's `pg_status` is keyed by that per-instance pg_id, which torch does
+   not expose. The agent checks the mapping against the entries'
+   `process_group` names whenever it has entries.
+3. Serves the rank's FR on `<run_dir>/hook/<pid>.sock` (`hangwatch.hook_endpoint`:
+   torch's C++ worker server plus hangwatch's status and pickle handlers).
+4. Registers an abort hook on every group whose backend supports them (torch
+   2.15): torch calls it before aborting a group on a timeout or error.
+5. Chains `sys.excepthook`/`threading.excepthook` to append a line to
    `<pid>.events.jsonl` when a collective timeout escapes to the top. Blind
    spot: a timeout the script catches itself is not reported here; the agent
    still sees the stall in FR progress.
@@ -49,7 +49,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from hangwatch import config as config_mod
-from hangwatch import env, formats, hook_protocol
+from hangwatch import env, formats, hook_endpoint, hook_protocol, torchenv
 from hangwatch import recorders as recorders_mod
 
 log = logging.getLogger("hangwatch.hook")
@@ -92,7 +92,8 @@ class _State:
     force_thread_server: bool
     owner_pid: int
     reasons: list[str] = field(default_factory=list)
-    env_set: dict[str, str] = field(default_factory=dict)
+    # What attach() decided about torch's env; logged once this process is a rank.
+    env: torchenv.EnvDecisions = field(default_factory=torchenv.EnvDecisions)
     deferred: bool = False
     patched: bool = False
     server: Any = None
@@ -103,12 +104,8 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Replaced whole (never mutated) on each group change: handler threads read it unlocked.
     recorders: tuple[recorders_mod.Recorder, ...] = ()
-    # What attach() decided about torch's env, logged once this process turns
-    # out to be a rank: the launcher, data-loader and compile workers log nothing.
-    pending_logs: list[tuple[int, str]] = field(default_factory=list)
+    # The launcher, data-loader and compile workers never become ranks: silent.
     announced: bool = False
-    # Dump-on-timeout file prefixes torch will really use (the job's, when it set them).
-    dump_prefixes: dict[str, str] = field(default_factory=dict)
     abort_hooked: set[int] = field(default_factory=set)
 
 
@@ -180,7 +177,7 @@ def _result(st: _State) -> AttachResult:
         rankinfo_path=st.rankinfo_path,
         socket_path=st.socket_path,
         fr_source=st.fr_source,
-        env_set=dict(st.env_set),
+        env_set=dict(st.env.set),
     )
 
 
@@ -188,15 +185,6 @@ def _result(st: _State) -> AttachResult:
 
 
 def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size: int) -> None:
-    """torch's FR variables, the torchtitan way: set what the job left unset, keep
-    what it set, and say which (once the process is known to be a rank).
-
-    torch reads each setting under two names, the 2.15 one first
-    (TORCH_FR_DUMP_ON_TIMEOUT before TORCH_NCCL_DUMP_ON_TIMEOUT; for the
-    dump file, TORCH_FR_DUMP_TEMP_FILE before TORCH_NCCL_DEBUG_INFO_TEMP_FILE).
-    Setting only one name could shadow a value the job gave under the other,
-    so a pair is set whole or not at all.
-    """
     if _C10D in sys.modules and _torch_pg_initialized():
         msg = (
             "attach() ran after init_process_group: the flight recorder already exists, so "
@@ -204,79 +192,10 @@ def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size
         )
         log.warning("hangwatch: %s", msg)
         st.reasons.append(msg)
-    _default(st, environ, env.TORCH_FR_BUFFER_SIZE, str(buffer_size))
-    if _torch_older_than(2, 7):
-        # Older torch knows only the NCCL-era name; newer torch warns that it is deprecated.
-        _default(st, environ, env.TORCH_NCCL_TRACE_BUFFER_SIZE, str(buffer_size))
-    _default(st, environ, env.TORCH_INCLUDE_STACK_TRACE, "1")
-    _default_pair(st, environ, env.DUMP_ON_TIMEOUT_NAMES, "1")
-    prefix = hook_protocol.fr_dump_prefix(st.run_dir)
-    _default_pair(st, environ, env.DUMP_FILE_NAMES, prefix)
-    if environ.get(env.TORCH_FR_DUMP_ON_TIMEOUT, environ.get(env.TORCH_NCCL_DUMP_ON_TIMEOUT)) in (
-        "0",
-        "false",
-    ):
-        st.pending_logs.append(
-            (
-                logging.WARNING,
-                "the job turned dump-on-timeout off: torch writes no dump when a collective "
-                "times out, and hangwatch relies on its own status polls and dumps",
-            )
-        )
-    # torch's own precedence (env.DUMP_FILE_NAMES order).
-    real = (
-        environ.get(env.TORCH_FR_DUMP_TEMP_FILE)
-        or environ.get(env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
-        or prefix
+    st.env = torchenv.apply_defaults(
+        environ, dump_prefix=hook_protocol.fr_dump_prefix(st.run_dir), buffer_size=buffer_size
     )
-    st.dump_prefixes = {"watchdog": real}
-    if environ.get(env.TORCH_FR_BUFFER_SIZE) == "0":
-        msg = (
-            f"{env.TORCH_FR_BUFFER_SIZE}=0 disables the flight recorder; hangwatch sees no progress"
-        )
-        st.pending_logs.append((logging.WARNING, msg))
-        st.reasons.append(msg)
-
-
-def _torch_older_than(major: int, minor: int) -> bool:
-    from importlib import metadata
-
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return False
-    m = re.match(r"(\d+)\.(\d+)", version)
-    if m is None:
-        return False
-    return (int(m.group(1)), int(m.group(2))) < (major, minor)
-
-
-def _default(st: _State, environ: MutableMapping[str, str], name: str, value: str) -> None:
-    current = environ.get(name)
-    if current is None:
-        environ[name] = value
-        st.env_set[name] = value
-        st.pending_logs.append((logging.INFO, f"set {name}={value}"))
-    else:
-        st.pending_logs.append(
-            (logging.INFO, f"keeping the job's {name}={current} (hangwatch default {value})")
-        )
-
-
-def _default_pair(
-    st: _State, environ: MutableMapping[str, str], names: Sequence[str], value: str
-) -> None:
-    given = [(n, environ[n]) for n in names if n in environ]
-    if given:
-        kept = ", ".join(f"{n}={v}" for n, v in given)
-        st.pending_logs.append(
-            (logging.INFO, f"keeping the job's {kept} (hangwatch default {value})")
-        )
-        return
-    for n in names:
-        environ[n] = value
-        st.env_set[n] = value
-    st.pending_logs.append((logging.INFO, "set " + " and ".join(f"{n}={value}" for n in names)))
+    st.reasons.extend(st.env.reasons)
 
 
 def _announce(st: _State) -> None:
@@ -284,9 +203,7 @@ def _announce(st: _State) -> None:
     if st.announced:
         return
     st.announced = True
-    for level, msg in st.pending_logs:
-        log.log(level, "hangwatch: %s", msg)
-    st.pending_logs.clear()
+    st.env.announce()
     os.makedirs(os.path.dirname(hook_protocol.fr_dump_prefix(st.run_dir)), exist_ok=True)
 
 
@@ -495,7 +412,7 @@ def _write_rankinfo(st: _State) -> None:
         "started_unix": st.started_unix,
         "groups": current_groups(),
         "recorders": [r.to_json() for r in st.recorders],
-        "dump_prefixes": dict(st.dump_prefixes),
+        "dump_prefixes": {"watchdog": st.env.watchdog_prefix},
     }
     path = hook_protocol.rankinfo_path(st.run_dir, pid)
     _atomic_write(path, json.dumps(info, indent=1).encode())
@@ -514,10 +431,6 @@ def _atomic_write(path: str, data: bytes) -> None:
 # --- 3. FR endpoint -------------------------------------------------------
 
 
-def _c10d_ext() -> Any:
-    return recorders_mod.c10d_ext()
-
-
 def _discover_recorders(st: _State) -> list[recorders_mod.Recorder]:
     recs = recorders_mod.discover()
     known = {r.instance for r in st.recorders}
@@ -533,124 +446,23 @@ def _discover_recorders(st: _State) -> list[recorders_mod.Recorder]:
     return recs
 
 
-def _recorder(params: dict[str, str]) -> recorders_mod.Recorder:
+def _current_recorders() -> tuple[recorders_mod.Recorder, ...]:
     st = _state
-    rec = recorders_mod.find(st.recorders if st else (), params.get(hook_protocol.INSTANCE_PARAM))
-    if rec is None:
-        raise LookupError(f"no flight recorder instance {params.get('instance')!r}")
-    return rec
-
-
-def _status_json(params: dict[str, str]) -> bytes:
-    st = _state
-    return recorders_mod.status_doc(st.recorders if st else ())
-
-
-def _fr_pickle(params: dict[str, str]) -> bytes:
-    return recorders_mod.dump_pickle(_recorder(params))
-
-
-def _fr_json(params: dict[str, str]) -> bytes:
-    # The thread endpoint stands in for torch's C++ fr_trace_json, which takes ?backend=.
-    name = params.get("backend") or params.get(hook_protocol.INSTANCE_PARAM)
-    return recorders_mod.dump_json(_recorder({hook_protocol.INSTANCE_PARAM: name or ""}))
+    return st.recorders if st is not None and st.owner_pid == os.getpid() else ()
 
 
 def _start_endpoint(st: _State) -> None:
     path = hook_protocol.socket_path(st.run_dir, os.getpid())
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):
-        os.unlink(path)
-    c: Any = None
-    with contextlib.suppress(ImportError):
-        c = _c10d_ext()
-    if not st.force_thread_server and c is not None and hasattr(c, "_WorkerServer"):
-        try:
-            _register_python_handlers(c)
-            st.server = c._WorkerServer(path, -1)
-            _keep_forever(st.server)
-            st.fr_source = "worker-server"
-        except Exception as e:
-            log.warning("hangwatch: C++ worker server failed (%s); using the thread endpoint", e)
-            st.server = None
-    if st.server is None:
-        from hangwatch import hook_server
-
-        st.server = hook_server.ThreadServer(
-            path,
-            {
-                hook_protocol.PING: lambda p: (200, b"pong", "text/plain"),
-                hook_protocol.FR_TRACE_JSON: lambda p: (200, _fr_json(p), "application/json"),
-                hook_protocol.DUMP_TRACEBACK: lambda p: (
-                    200,
-                    hook_server.dump_traceback_text(),
-                    "text/plain",
-                ),
-                hook_protocol.PYSPY_DUMP: lambda p: (*hook_server.pyspy_dump_text(), "text/plain"),
-                hook_protocol.STATUS: lambda p: (200, _status_json(p), "application/json"),
-                hook_protocol.FR_PICKLE: lambda p: (
-                    200,
-                    _fr_pickle(p),
-                    "application/octet-stream",
-                ),
-            },
-        )
-        st.fr_source = "thread"
+    st.server, st.fr_source = hook_endpoint.start(
+        path, force_thread=st.force_thread_server, recorders=_current_recorders
+    )
     st.socket_path = path
     atexit.register(_shutdown_endpoint)
     log.info("hangwatch: FR endpoint (%s) on %s", st.fr_source, path)
 
 
-def _keep_forever(obj: object) -> None:
-    """Never run this object's destructor.
-
-    torch 2.13 holds the worker server and registered Python handlers in C++
-    objects that are destroyed after the interpreter has finalized; freeing a
-    Python object there has no GIL and aborts the process (measured on every
-    clean exit of an attached rank). `shutdown()` from atexit hangs instead.
-    An extra reference that is never dropped leaves them to die with the process.
-    """
-    import ctypes
-
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-
-
-def _register_python_handlers(c: Any) -> None:
-    def handler(fn: Callable[[dict[str, str]], bytes], ctype: str) -> Callable[[Any, Any], None]:
-        def serve(req: Any, resp: Any) -> None:
-            try:
-                params = {
-                    hook_protocol.INSTANCE_PARAM: str(req.get_param(hook_protocol.INSTANCE_PARAM))
-                }
-                resp.set_content(fn(params), ctype)
-                resp.set_status(200)
-            except Exception as e:
-                resp.set_content(f"{type(e).__name__}: {e}\n".encode(), "text/plain")
-                resp.set_status(500)
-
-        return serve
-
-    existing = set(c._get_handler_names())
-    for name, fn, ctype in (
-        (hook_protocol.STATUS, _status_json, "application/json"),
-        (hook_protocol.FR_PICKLE, _fr_pickle, "application/octet-stream"),
-    ):
-        if name not in existing:
-            serve = handler(fn, ctype)
-            # torch's registry drops its reference after the interpreter is
-            # gone; if that is the last one, deallocation without the GIL
-            # crashes the exit (measured: SIGSEGV/SIGABRT with a closure).
-            _keep_forever(serve)
-            c._register_handler(name, serve)
-
-
 def _shutdown_endpoint() -> None:
-    """At exit: remove the socket file only.
-
-    Calling the C++ server's shutdown() from atexit hangs or aborts the
-    interpreter in torch 2.13 (measured: it releases the GIL during
-    finalization), so the server is left to the process teardown.
-    """
+    """At exit: remove the socket file only (see hook_endpoint.start)."""
     st = _state
     # A forked child inherits the Python object but not the server's threads.
     if st is None or st.owner_pid != os.getpid() or not st.socket_path:

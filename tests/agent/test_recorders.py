@@ -46,9 +46,9 @@ def test_unset_env_gets_both_names_and_logs_nothing_yet(tmp_path: Path) -> None:
         assert environ[name] == "1"
     for name in env.DUMP_FILE_NAMES:
         assert environ[name] == prefix
-    assert st.dump_prefixes == {"watchdog": prefix}
+    assert st.env.watchdog_prefix == prefix
     # Decided, not yet said: a launcher or a worker process never becomes a rank.
-    assert st.pending_logs and not st.announced
+    assert st.env.pending and not st.announced
     assert not Path(st.run_dir).exists()
 
 
@@ -67,8 +67,8 @@ def test_a_value_the_job_set_is_kept_under_either_name(
     assert env.TORCH_FR_DUMP_TEMP_FILE not in environ
     assert env.TORCH_FR_DUMP_ON_TIMEOUT not in environ
     assert environ[env.TORCH_FR_BUFFER_SIZE] == "500"
-    assert st.dump_prefixes == {"watchdog": "/data/fr/rank_"}
-    assert env.TORCH_FR_BUFFER_SIZE not in st.env_set
+    assert st.env.watchdog_prefix == "/data/fr/rank_"
+    assert env.TORCH_FR_BUFFER_SIZE not in st.env.set
     with caplog.at_level(logging.INFO, logger="hangwatch.hook"):
         hook._announce(st)
     text = caplog.text
