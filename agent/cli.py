@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-from types import FrameType
 
 from hangwatch import config as config_mod
+from hangwatch.lifecycle import ShutdownSignals, configure_logging
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,31 +28,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 def run(ns: argparse.Namespace) -> int:
     try:
         cfg = config_mod.from_sources(ns, os.environ)
-        cfg.resolved_token()  # fail now, with a clear message, on an unreadable token file
-    except (ValueError, OSError) as e:
+        # Fail now, with a clear message (an unreadable token file, a bad interval).
+        cfg.validate(config_mod.AGENT)
+    except ValueError as e:
         sys.stderr.write(f"hangwatch agent: {e}\n")
         return 2
-    if cfg.poll_interval <= 0:
-        sys.stderr.write(f"hangwatch agent: --poll-interval must be > 0, got {cfg.poll_interval}\n")
-        return 2
-    logging.basicConfig(
-        level=cfg.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(cfg.log_level)
     from hangwatch.agent.service import Agent
 
     agent = Agent(cfg)
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if agent.stop.is_set():
-            # Second signal: stop now, with the signal's own default action.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        agent.stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("hangwatch.agent").info(
         "agent %s: job %s, run dir %s, coordinator %s, poll every %gs",
         cfg.node_id,
@@ -62,7 +45,8 @@ def run(ns: argparse.Namespace) -> int:
         cfg.coordinator,
         cfg.poll_interval,
     )
-    agent.run()
+    with ShutdownSignals("hangwatch agent", agent.stop):
+        agent.run()
     return 0
 
 

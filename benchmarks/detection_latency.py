@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hangwatch.formats import ServerInfo
+
 SCENARIOS = ("skip", "compute", "frozen", "two", "mismatch", "subgroup", "order", "gil")
 
 
@@ -32,9 +34,9 @@ def _start_server(data: Path, stall_timeout: float) -> tuple[subprocess.Popen[by
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     for _ in range(600):
-        info = data / "server.json"
-        if info.exists():
-            return proc, json.loads(info.read_text())["grpc"]
+        info = ServerInfo.read(data)
+        if info is not None:
+            return proc, info.grpc
         if proc.poll() is not None:
             raise SystemExit(f"coordinator exited with {proc.returncode}")
         time.sleep(0.1)

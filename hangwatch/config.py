@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import socket
 import sys
@@ -291,6 +292,32 @@ class Config:
         ),
     )
 
+    def validate(self, command: str) -> None:
+        """Refuse, with one line naming the setting, a config `command` cannot run with.
+
+        The one place the CLIs' rules live; raises ValueError.
+        """
+        positive = {
+            SERVER: ("stall_timeout", "dump_deadline", "agent_lost_timeout"),
+            AGENT: ("poll_interval",),
+            DEMO: ("stall_timeout", "poll_interval"),
+        }.get(command, ())
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
+                )
+        if command in (SERVER, AGENT):
+            try:
+                token = self.resolved_token()
+            except OSError as e:
+                raise ValueError(f"cannot read the token: {e}") from e
+            if command == SERVER and not is_loopback(self.host) and not token and not self.insecure:
+                raise ValueError(
+                    f"refusing to bind non-loopback host {self.host} without a token "
+                    f"(set {env.HANGWATCH_TOKEN} or --token-file, or pass --insecure)"
+                )
+
     def resolved_token(self) -> str | None:
         """The token from the env var or the token file; the env var wins."""
         if self.token:
@@ -305,6 +332,16 @@ class Config:
 
 
 FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Config)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (a coordinator there needs no token)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _field_type(f: dataclasses.Field[Any]) -> str:

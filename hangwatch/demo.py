@@ -28,6 +28,7 @@ from typing import Any
 
 from hangwatch import config as cfg
 from hangwatch import env
+from hangwatch.formats import ServerInfo
 
 EXIT_NO_INCIDENT = 1
 EXIT_USAGE = 2
@@ -122,8 +123,7 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 
 def _start_server(conf: cfg.Config, data_dir: Path, logs: Path) -> Coordinator:
-    info_path = data_dir / "server.json"
-    info_path.unlink(missing_ok=True)
+    (data_dir / ServerInfo.FILE).unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "hangwatch", "server",
         "--grpc-port", "0", "--http-port", "0", "--data-dir", str(data_dir),
@@ -138,12 +138,9 @@ def _start_server(conf: cfg.Config, data_dir: Path, logs: Path) -> Coordinator:
             raise RuntimeError(
                 f"coordinator exited with {proc.returncode}: {_tail(logs / 'server.log')}"
             )
-        if info_path.exists():
-            try:
-                info = json.loads(info_path.read_text())
-                return Coordinator(grpc=info["grpc"], http=info["http"], proc=proc)
-            except (ValueError, KeyError):
-                pass  # written atomically, but be patient with a partial read
+        info = ServerInfo.read(data_dir)
+        if info is not None:
+            return Coordinator(grpc=info.grpc, http=info.http, proc=proc)
         time.sleep(0.1)
     _stop(proc)
     raise RuntimeError(f"coordinator did not start within 60 s: {_tail(logs / 'server.log')}")

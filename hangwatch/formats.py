@@ -27,7 +27,13 @@ directory: FR files are found by their trailing rank number and each
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 RANKINFO = "hangwatch.rankinfo/1"
 # {"schema", "job_id", "rank", "local_rank", "world_size", "pid", "host",
@@ -42,6 +48,8 @@ FRSTATUS = "hangwatch.frstatus/1"
 
 HOOK_EVENT = "hangwatch.hookevent/1"
 # {"schema", "kind": "collective-timeout"|..., "rank", "detail", "unix": float}
+
+SERVER_INFO = "hangwatch.serverinfo/1"
 
 INCIDENT = "hangwatch.incident/1"
 # {"schema", "id", "job_id", "reason", "created_unix", "trigger": {...},
@@ -59,6 +67,63 @@ RANKMETA = "hangwatch.rankmeta/1"
 #  "gpu": {...} | {"available": false, "reason": "..."},
 #  "stacks": "..." (only in a tails-first incident, instead of stacks.txt),
 #  "errors": {"fr": "...", "stacks": "..."}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerInfo:
+    """<data_dir>/server.json: where a running coordinator listens (SERVER_INFO)."""
+
+    grpc: str  # HOST:PORT
+    http: str  # http://HOST:PORT
+    pid: int
+    started_unix: float
+
+    FILE: ClassVar[str] = "server.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SERVER_INFO, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> ServerInfo:
+        if not isinstance(d, dict) or d.get("schema") != SERVER_INFO:
+            raise ValueError(f"not a {SERVER_INFO} document")
+        return cls(
+            grpc=str(d["grpc"]),
+            http=str(d["http"]),
+            pid=int(d["pid"]),
+            started_unix=float(d["started_unix"]),
+        )
+
+    def write(self, data_dir: str | os.PathLike[str]) -> None:
+        atomic_write(
+            os.path.join(data_dir, self.FILE), json.dumps(self.to_json(), indent=2).encode()
+        )
+
+    @classmethod
+    def read(cls, data_dir: str | os.PathLike[str]) -> ServerInfo | None:
+        """The file's contents; None while it is absent or half-written."""
+        try:
+            with open(os.path.join(data_dir, cls.FILE), encoding="utf-8") as f:
+                return cls.from_json(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
+    """Readers see the old file or the new one, never part of one (same-directory rename)."""
+    path = os.fspath(path)
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
 
 HOOK_DIR = "hook"
 FR_DIR = "fr"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from hangwatch.formats import ServerInfo
 
 STALL_TIMEOUT = 2.0
 
@@ -32,15 +33,14 @@ def coordinator_process(data: Path, *extra: str) -> Iterator[dict[str, str]]:
          *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    info_path = data / "server.json"
     try:
         for _ in range(600):
-            if info_path.exists():
+            if (info := ServerInfo.read(data)) is not None:
                 break
             assert proc.poll() is None, (data / "server.log").read_text()
             time.sleep(0.1)
-        info = json.loads(info_path.read_text())
-        yield {"grpc": info["grpc"], "http": info["http"], "data": str(data)}
+        assert info is not None, "no server.json within 60 s"
+        yield {"grpc": info.grpc, "http": info.http, "data": str(data)}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -1,0 +1,67 @@
+"""Process lifecycle shared by `hangwatch server` and `hangwatch agent` (the uvicorn way).
+
+* `configure_logging`: the one logging setup of every hangwatch process.
+* `ShutdownSignals`: SIGINT/SIGTERM handlers that only set a flag; the
+  process's own loop notices it and shuts down within its bound. A second
+  signal means the operator wants out now: the handler restores the signal's
+  default action and re-raises it, so the process dies of that signal
+  (exit status 128+N in a shell), even if a shutdown step is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType, TracebackType
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def configure_logging(level: str) -> None:
+    """One format, on stderr, at `level` (debug, info, warning, error)."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=LOG_FORMAT,
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+class ShutdownSignals:
+    """`with ShutdownSignals("hangwatch server") as stop: ... stop.wait(...)`.
+
+    Must be entered on the main thread (Python delivers signals only there).
+    The previous handlers come back on exit.
+    """
+
+    def __init__(self, name: str, stop: threading.Event | None = None) -> None:
+        self.name = name
+        self.stop = stop if stop is not None else threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop.is_set():
+            # os.write: no buffered I/O inside a signal handler.
+            os.write(2, f"{self.name}: second signal, exiting now\n".encode())
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.stop.set()
+
+    def __enter__(self) -> threading.Event:
+        for s in _SIGNALS:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self.stop
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
