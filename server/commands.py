@@ -1,0 +1,72 @@
+"""Per-agent command mailboxes: what the coordinator wants an agent to do next.
+
+A command waits in its agent's mailbox until the agent answers or it expires,
+and is re-sent on every WatchCommands stream the agent opens meanwhile: a
+stream can break in the middle of a hang, and the dump request must survive
+it. Mailboxes are not locked themselves; the registry's lock guards them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from hangwatch.wire import pb
+
+PENDING_COMMANDS: Final = 16  # undelivered commands kept per agent
+
+
+@dataclass(kw_only=True, frozen=True)
+class Command:
+    kind: int  # pb.CommandKind
+    incident_id: str
+    reason: str
+    deadline_s: float
+    expires: float  # coordinator monotonic
+    tail_context: int = 0
+    ranks: tuple[int, ...] = ()
+
+    def to_pb(self, now: float) -> pb.Command:
+        return pb.Command(
+            kind=self.kind,  # type: ignore[arg-type]
+            incident_id=self.incident_id,
+            reason=self.reason,
+            deadline_s=max(0.0, self.expires - now),
+            tail_context=self.tail_context,
+            ranks=self.ranks,
+        )
+
+
+@dataclass
+class Mailbox:
+    """One agent's undelivered commands and the open streams to wake for them."""
+
+    pending: deque[Command] = field(default_factory=lambda: deque(maxlen=PENDING_COMMANDS))
+    wakers: dict[int, Callable[[], None]] = field(default_factory=dict)
+
+    def push(self, cmd: Command) -> None:
+        self.pending.append(cmd)
+        self.wake()
+
+    def wake(self) -> None:
+        for w in list(self.wakers.values()):
+            w()
+
+    def unexpired(self, now: float) -> list[Command]:
+        while self.pending and self.pending[0].expires <= now:
+            self.pending.popleft()
+        return list(self.pending)
+
+    def retire(self, incident_id: str) -> None:
+        self.pending = deque(
+            (c for c in self.pending if c.incident_id != incident_id), maxlen=PENDING_COMMANDS
+        )
+
+    def inherit(self, old: Mailbox, now: float) -> None:
+        """Take over a replaced session's mailbox: an undelivered dump request
+        survives the agent's reconnect, and the old session's streams are woken
+        so that they notice they are stale and end."""
+        self.pending.extend(c for c in old.pending if c.expires > now)
+        old.wake()

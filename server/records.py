@@ -1,0 +1,128 @@
+"""The registry's mutable per-job records, as the gRPC handlers last left them.
+
+Only the registry changes these, under its lock; the views, the stall scan
+and the incident manager read them through it. "When" fields are the
+coordinator's own monotonic clock: agents' clocks are never stored here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from hangwatch.server.commands import Mailbox
+
+from hangwatch.wire import pb
+
+EVENT_RING: Final = 256  # recent events kept per job
+
+_PROCESS_STATE_NAMES: Final[dict[int, str]] = {
+    pb.PROCESS_STATE_UNSPECIFIED: "unknown",
+    pb.PROCESS_STATE_RUNNING: "running",
+    pb.PROCESS_STATE_STOPPED: "stopped",
+    pb.PROCESS_STATE_ZOMBIE: "zombie",
+    pb.PROCESS_STATE_GONE: "gone",
+    pb.PROCESS_STATE_UNRESPONSIVE: "unresponsive",
+}
+
+
+def process_state_name(value: int) -> str:
+    return _PROCESS_STATE_NAMES.get(value, "unknown")
+
+
+@dataclass
+class RankGroupRecord:
+    last_enqueued: int = -1
+    last_completed: int = -1
+    # Its recorder does not record completion (RankProgress.completion_unknown).
+    completion_unknown: bool = False
+    in_flight_seq: int | None = None
+    in_flight_op: str = ""
+    in_flight_age_s: float | None = None
+    reported_at: float = 0.0
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    agent_id: str
+    host: str
+    pid: int
+    local_rank: int
+    world_size: int
+    backend: str
+    torch_version: str
+    fr_source: str
+    process_state: str = "unknown"
+    fr_age_s: float | None = None
+    last_report: float | None = None
+    groups: dict[str, RankGroupRecord] = field(default_factory=dict)
+
+
+@dataclass
+class GroupRecord:
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    last_progress: float  # coordinator monotonic time a member's last_completed last changed
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    host: str
+    session_id: str
+    ranks: set[int]
+    registered: float
+    last_report: float
+    agent_version: str = ""
+    lost: bool = False
+    report_seq: int = 0
+    mailbox: Mailbox = field(default_factory=Mailbox)
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    world_size: int | None = None
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+    ranks: dict[int, RankRecord] = field(default_factory=dict)
+    groups: dict[str, GroupRecord] = field(default_factory=dict)
+    open_incident: str | None = None
+    handled: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
+    events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
+    last_seen: float = 0.0
+    last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more
+
+    def observed(self, r: RankRecord) -> bool:
+        """Its agent is live: a lost agent's numbers are stale, so its ranks are
+        unobserved rather than behind."""
+        a = self.agents.get(r.agent_id)
+        return a is not None and not a.lost
+
+    def members(self, g: GroupRecord) -> list[tuple[RankRecord, RankGroupRecord]]:
+        """The group's members that registered it, with their numbers for it."""
+        out: list[tuple[RankRecord, RankGroupRecord]] = []
+        for rank in g.ranks:
+            r = self.ranks.get(rank)
+            rg = r.groups.get(g.name) if r else None
+            if r is not None and rg is not None:
+                out.append((r, rg))
+        return out
+
+
+def in_flight_age(rg: RankGroupRecord, now: float) -> float | None:
+    """The agent-measured age plus the time since its report arrived."""
+    if rg.in_flight_seq is None or rg.in_flight_age_s is None:
+        return None
+    return rg.in_flight_age_s + (now - rg.reported_at)
+
+
+def group_sort_key(name: str) -> tuple[int, int, str]:
+    # Numbered groups ("0", "1", "10") in number order, named ones after.
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def sorted_groups(groups: dict[str, GroupRecord]) -> list[GroupRecord]:
+    return [groups[k] for k in sorted(groups, key=group_sort_key)]

@@ -1,0 +1,86 @@
+"""Stall scanning over one job's records: feeds `detector.find_group_stall`.
+
+The detector is pure; this module decides what numbers it sees. The one
+judgement made here is for groups whose recorder does not record completion:
+their completed count is inferred from what every member has entered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hangwatch.server.detector import MemberProgress, find_group_stall
+from hangwatch.server.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
+from hangwatch.server.views import StalledGroup
+
+
+def scan_stalls(
+    job: JobRecord, now: float, stall_timeout: float, over_timeout_only: bool = False
+) -> list[StalledGroup]:
+    """Every group's stall pattern; with `over_timeout_only`, skip without a
+    look at its members every group that progressed within the timeout (the
+    detector's pass runs often and must stay cheap at thousands of ranks)."""
+    out: list[StalledGroup] = []
+    for g in sorted_groups(job.groups):
+        if over_timeout_only and now - g.last_progress < stall_timeout:
+            continue
+        members = job.members(g)
+        assumed = assumed_completed(members, job.observed)
+        progress: dict[int, MemberProgress] = {}
+        for r, rg in members:
+            comp, op = rg.last_completed, rg.in_flight_op
+            if rg.completion_unknown and assumed is not None:
+                comp = assumed
+                # The op the agent named is for the newest collective entered;
+                # it is only the stalled one's op when that is the next one.
+                op = op if rg.in_flight_seq == assumed + 1 else ""
+            progress[r.rank] = MemberProgress(
+                rank=r.rank,
+                last_enqueued=rg.last_enqueued,
+                last_completed=comp,
+                in_flight_op=op,
+                observed=job.observed(r),
+                process_state=r.process_state,
+            )
+        st = find_group_stall(
+            group=g.name,
+            members=g.ranks,
+            progress=progress,
+            no_progress_for_s=now - g.last_progress,
+        )
+        if st is not None:
+            out.append(
+                StalledGroup(
+                    group=st.group,
+                    seq=st.seq,
+                    op=st.op,
+                    waiting_ranks=st.waiting_ranks,
+                    not_entered_ranks=st.not_entered_ranks,
+                    stalled_for_s=st.stalled_for_s,
+                    kind=st.kind,
+                    dead_ranks=st.dead_ranks,
+                    unobserved_ranks=st.unobserved_ranks,
+                    over_timeout=st.stalled_for_s >= stall_timeout,
+                )
+            )
+    return out
+
+
+def assumed_completed(
+    members: list[tuple[RankRecord, RankGroupRecord]], observed: Callable[[RankRecord], bool]
+) -> int | None:
+    """For a group whose recorder does not record completion: what to take as completed.
+
+    Only entering is known, so a collective counts as finished once every
+    observed member has entered it, except the newest one they all entered
+    when none has gone further: that one may be what they are all stuck in
+    (a mismatch, a dead peer). A rank behind the others is then "not entered"
+    in the collective its peers wait in, as with gloo. A hang *inside* a
+    collective every member entered is invisible here; the coordinator learns
+    of it from torch's watchdog (dump-on-timeout, health check, abort hooks).
+    """
+    enq = [rg.last_enqueued for r, rg in members if rg.completion_unknown and observed(r)]
+    if not enq:
+        return None
+    lo, hi = min(enq), max(enq)
+    return lo if hi > lo else lo - 1

@@ -1,0 +1,198 @@
+"""Read-only views of a job, handed to the dashboard and the incident manager.
+
+Views are frozen copies taken under the registry's lock, so that a reader can
+take its time without holding it. Ages are computed at snapshot time on the
+coordinator's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hangwatch.server.records import (
+    AgentRecord,
+    GroupRecord,
+    JobRecord,
+    group_sort_key,
+    in_flight_age,
+    sorted_groups,
+)
+
+from hangwatch.wire import pb
+
+
+@dataclass(kw_only=True, frozen=True)
+class RankGroupLive:
+    group: str
+    last_enqueued: int
+    last_completed: int
+    in_flight_seq: int | None
+    in_flight_op: str
+    in_flight_age_s: float | None  # agent-measured age plus time since the report
+
+
+@dataclass(kw_only=True, frozen=True)
+class RankLive:
+    rank: int
+    host: str
+    agent_id: str
+    pid: int
+    connected: bool  # its agent's session is live
+    observed: bool  # False when its agent is lost: "unobserved", not guilty
+    process_state: str  # running, stopped, zombie, gone, unresponsive, unknown
+    groups: list[RankGroupLive]
+    lag: int  # max over its groups of (group max last_completed - its last_completed)
+    backend: str = ""
+    last_report_age_s: float | None = None
+
+
+@dataclass(kw_only=True, frozen=True)
+class GroupLive:
+    name: str
+    desc: str
+    ranks: list[int]
+    max_completed: int
+    min_completed: int
+    max_enqueued: int = -1
+    no_progress_for_s: float = 0.0  # coordinator clock: since a member's last_completed changed
+
+
+@dataclass(kw_only=True, frozen=True)
+class StalledGroup:
+    group: str
+    seq: int
+    op: str
+    waiting_ranks: list[int]
+    not_entered_ranks: list[int]
+    stalled_for_s: float
+    kind: str = "stall"  # "stall" | "rank-lost" | "agent-lost"
+    dead_ranks: list[int] = field(default_factory=list)
+    unobserved_ranks: list[int] = field(default_factory=list)
+    over_timeout: bool = False  # True once stalled_for_s >= the stall timeout
+
+
+@dataclass(kw_only=True, frozen=True)
+class AgentLive:
+    agent_id: str
+    host: str
+    ranks: list[int]
+    connected: bool
+    last_report_age_s: float | None
+    session_id: str
+    watching: bool = False  # has a WatchCommands stream open
+
+
+@dataclass(kw_only=True, frozen=True)
+class JobEvent:
+    kind: str
+    rank: int
+    detail: str
+    agent_id: str
+    age_s: float  # since the agent saw it, on the coordinator's clock now
+
+
+@dataclass(kw_only=True, frozen=True)
+class JobSnapshot:
+    job_id: str
+    world_size: int | None
+    ranks: list[RankLive]
+    groups: list[GroupLive]
+    stalled: list[StalledGroup]
+    agents: list[AgentLive]
+    open_incident: str | None
+    events: list[JobEvent] = field(default_factory=list)
+
+
+def job_snapshot(job: JobRecord, now: float, stalled: list[StalledGroup]) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=job.job_id,
+        world_size=job.world_size,
+        ranks=rank_views(job, now),
+        groups=[group_view(job, g, now) for g in sorted_groups(job.groups)],
+        stalled=stalled,
+        agents=[agent_view(a, now) for a in sorted(job.agents.values(), key=lambda a: a.agent_id)],
+        open_incident=job.open_incident,
+        events=[
+            JobEvent(
+                kind=pb.EventKind.Name(ev.kind),
+                rank=ev.rank,
+                detail=ev.detail,
+                agent_id=ev.agent_id,
+                age_s=now - at + ev.age_s,
+            )
+            for at, ev in job.events
+        ],
+    )
+
+
+def rank_views(job: JobRecord, now: float) -> list[RankLive]:
+    max_completed = {
+        name: max(
+            (r.groups[name].last_completed for r in job.ranks.values() if name in r.groups),
+            default=-1,
+        )
+        for name in job.groups
+    }
+    views = []
+    for r in sorted(job.ranks.values(), key=lambda r: r.rank):
+        agent = job.agents.get(r.agent_id)
+        groups = [
+            RankGroupLive(
+                group=name,
+                last_enqueued=rg.last_enqueued,
+                last_completed=rg.last_completed,
+                in_flight_seq=rg.in_flight_seq,
+                in_flight_op=rg.in_flight_op,
+                in_flight_age_s=in_flight_age(rg, now),
+            )
+            for name, rg in sorted(r.groups.items(), key=lambda kv: group_sort_key(kv[0]))
+        ]
+        lag = max(
+            (
+                max(0, max_completed.get(name, -1) - rg.last_completed)
+                for name, rg in r.groups.items()
+            ),
+            default=0,
+        )
+        views.append(
+            RankLive(
+                rank=r.rank,
+                host=r.host,
+                agent_id=r.agent_id,
+                pid=r.pid,
+                connected=agent is not None and not agent.lost,
+                observed=job.observed(r),
+                process_state=r.process_state,
+                groups=groups,
+                lag=lag,
+                backend=r.backend,
+                last_report_age_s=None if r.last_report is None else now - r.last_report,
+            )
+        )
+    return views
+
+
+def group_view(job: JobRecord, g: GroupRecord, now: float) -> GroupLive:
+    rgs = [rg for _, rg in job.members(g)]
+    completed = [rg.last_completed for rg in rgs]
+    return GroupLive(
+        name=g.name,
+        desc=g.desc,
+        ranks=list(g.ranks),
+        max_completed=max(completed, default=-1),
+        min_completed=min(completed, default=-1),
+        max_enqueued=max((rg.last_enqueued for rg in rgs), default=-1),
+        no_progress_for_s=now - g.last_progress,
+    )
+
+
+def agent_view(a: AgentRecord, now: float) -> AgentLive:
+    return AgentLive(
+        agent_id=a.agent_id,
+        host=a.host,
+        ranks=sorted(a.ranks),
+        connected=not a.lost,
+        last_report_age_s=now - a.last_report,
+        session_id=a.session_id,
+        watching=bool(a.mailbox.wakers),
+    )
