@@ -1,0 +1,133 @@
+"""Collecting an incident's dumps: who was asked, who answered, what is on disk.
+
+A `Collection` is one open incident between "DUMP sent" and "analysis
+starts". It is not locked itself: the incident manager's lock guards it while
+gRPC handlers add answers, and once `finalizing` is set only the finalizer
+touches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from hangwatch.server.commands import Command
+from hangwatch.server.store import IncidentRow
+
+from hangwatch import formats
+from hangwatch.wire import pb
+
+# Reasons that mean "nobody could look at this rank", as opposed to a rank
+# whose own process refused a dump (frozen, gone): the former are unobserved,
+# not guilty, unless other ranks' FR blames them.
+AGENT_UNREACHABLE: Final = "agent unreachable"
+NO_ANSWER: Final = "no answer before deadline"
+RESTARTED: Final = "coordinator restarted before this rank's dump arrived"
+UNOBSERVED_PREFIXES: Final = (AGENT_UNREACHABLE, NO_ANSWER, RESTARTED)
+
+
+def fr_stored(bundle: Path, rank: int) -> bool:
+    """The rank's FR file, full or tail, is in place (uploads are renamed in only when whole)."""
+    d = bundle / f"rank_{rank}"
+    return (d / f"{formats.FR_FILE_PREFIX}{rank}").is_file() or (
+        d / f"{formats.FR_TAIL_PREFIX}{rank}"
+    ).is_file()
+
+
+def tail_context_for(expected: int, full_dump_max_ranks: int, tail_context: int) -> int:
+    """> 0: collect FR tails first. Above `full_dump_max_ranks` full dumps cost
+    more to collect than the verdict is worth waiting for (docs/scaling.md)."""
+    return max(1, tail_context) if expected > full_dump_max_ranks else 0
+
+
+@dataclass
+class Collection:
+    incident_id: str
+    job_id: str
+    trigger: str
+    created: float  # unix
+    onset: float  # coordinator monotonic: best estimate of when the hang began
+    deadline: float  # coordinator monotonic
+    world_size: int | None
+    expected: set[int]
+    asked: dict[str, list[int]]  # agent -> its ranks, asked to dump
+    dumped: set[int] = field(default_factory=set)
+    unreachable: dict[int, str] = field(default_factory=dict)
+    answered_agents: set[str] = field(default_factory=set)
+    trigger_info: dict[str, Any] = field(default_factory=dict)
+    finalizing: bool = False
+    tail_context: int = 0  # > 0: agents upload FR tails first (two-phase collection)
+
+    @classmethod
+    def recovered(cls, row: IncidentRow, bundle: Path, now: float) -> Collection:
+        """An incident a previous coordinator left collecting: what arrived is
+        all there will be, so it is ready to finalize at once."""
+        have = {r for r in row.ranks_expected if fr_stored(bundle, r)}
+        return cls(
+            incident_id=row.id,
+            job_id=row.job_id,
+            trigger=row.trigger,
+            created=row.created,
+            onset=now,
+            deadline=now,
+            world_size=len(row.ranks_expected) or None,
+            expected=set(row.ranks_expected),
+            asked={},
+            dumped=have,
+            unreachable={r: RESTARTED for r in row.ranks_expected if r not in have},
+            finalizing=True,
+        )
+
+    def accounted(self) -> bool:
+        return self.expected <= (self.dumped | set(self.unreachable))
+
+    def due(self, now: float) -> bool:
+        """Ready to finalize: every rank answered for, or the deadline passed."""
+        return not self.finalizing and (self.accounted() or now >= self.deadline)
+
+    def dump_command(self, reason: str, dump_deadline: float) -> Command:
+        return Command(
+            kind=pb.COMMAND_KIND_DUMP,
+            incident_id=self.incident_id,
+            reason=reason,
+            deadline_s=dump_deadline,
+            expires=self.deadline,
+            tail_context=self.tail_context,
+        )
+
+    def apply_result(self, res: pb.DumpResult) -> None:
+        """An agent's CompleteDump: a rank dumped by anyone stays dumped; a
+        failure only counts for a rank nobody dumped."""
+        for r in res.ranks_dumped:
+            if r in self.expected:
+                self.dumped.add(r)
+                self.unreachable.pop(r, None)
+        for f in res.failures:
+            if f.rank in self.expected and f.rank not in self.dumped:
+                self.unreachable[f.rank] = f.reason or "dump failed"
+        self.answered_agents.add(res.agent_id)
+
+    def pending(self) -> set[int]:
+        return self.expected - self.dumped
+
+    def settle(self, stored: set[int], dump_deadline: float) -> tuple[set[int], dict[int, str]]:
+        """Close the books: `stored` ranks (FR file on disk) count as dumped, and
+        every other rank still unaccounted for gets the reason it is missing.
+        Returns copies of (dumped, unreachable)."""
+        # A rank whose FR file was stored is dumped even if its agent's
+        # CompleteDump missed the deadline: at thousands of ranks collection
+        # can outlast it, and the evidence is on disk.
+        for r in stored:
+            self.dumped.add(r)
+            self.unreachable.pop(r, None)
+        for agent_id, ranks in self.asked.items():
+            for r in ranks:
+                if r in self.expected and r not in self.dumped and r not in self.unreachable:
+                    if agent_id not in self.answered_agents:
+                        self.unreachable[r] = f"{NO_ANSWER} ({dump_deadline:.0f}s)"
+                    else:
+                        self.unreachable[r] = "agent reported no result for this rank"
+        for r in self.expected - self.dumped - set(self.unreachable):
+            self.unreachable[r] = NO_ANSWER
+        return set(self.dumped), dict(self.unreachable)

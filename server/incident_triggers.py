@@ -1,0 +1,171 @@
+"""What opens an incident: an agent's event, or a stall the detector found.
+
+Each trigger is turned into one `Trigger`, the reason a person reads and the
+structured record stored with the incident. Deciding whether it opens a new
+incident or joins one is the manager's; the stored-incident lookup here is
+the part of that dedupe that survives a coordinator restart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from hangwatch.server.state import JobRegistry, StalledGroup
+from hangwatch.server.store import IncidentStore
+
+from hangwatch import formats
+from hangwatch.wire import pb
+
+# Events that open an incident at once. A rank exiting is not one of them:
+# at a normal job end ranks exit while their peers' last reports still show
+# the final collective in flight. The detector's rank-lost rule (peers alive
+# and in flight, no progress for the stall timeout) catches a real crash.
+EVENT_TRIGGERS: Final[dict[int, str]] = {
+    pb.EVENT_KIND_WATCHDOG_DUMP: "watchdog",
+    pb.EVENT_KIND_COLLECTIVE_TIMEOUT: "timeout",
+    pb.EVENT_KIND_BACKEND_UNHEALTHY: "backend-unhealthy",
+}
+# How many of a job's latest stored incidents are read to dedupe a stall
+# seen again after a restart.
+STORED_DEDUPE_LOOKBACK: Final = 20
+
+
+@dataclass(kw_only=True, frozen=True)
+class Trigger:
+    kind: str  # the store's trigger column: stall, rank-lost, watchdog, ...
+    reason: str
+    onset: float  # coordinator monotonic: best estimate of when the hang began
+    keys: list[tuple[str, int]]  # the (group, seq) pairs this incident covers
+    info: dict[str, Any] = field(default_factory=dict)  # incident.json's "trigger"
+
+
+def fmt_ranks(ranks: list[int] | set[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": incidents can name hundreds of ranks."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return "none"
+    parts: list[str] = []
+    start = prev = rs[0]
+    for r in rs[1:]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = r
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def event_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger | None:
+    """The trigger an agent's event makes, or None for events that open nothing."""
+    kind = EVENT_TRIGGERS.get(ev.kind)
+    if kind is None:
+        return None
+    # The event names no collective; what the job is inside now is the best
+    # guess at which one it is about, and keeps later symptoms of it joined.
+    key = registry.in_flight_key(ev.job_id)
+    what = pb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower().replace("_", " ")
+    reason = f"{what} on rank {ev.rank}" if ev.rank >= 0 else what
+    if ev.detail:
+        reason += f": {ev.detail[:300]}"
+    return Trigger(
+        kind=kind,
+        reason=reason,
+        onset=registry.now() - max(0.0, ev.age_s),
+        keys=[key] if key else [],
+        info={
+            "kind": kind,
+            "event": pb.EventKind.Name(ev.kind),
+            "rank": ev.rank,
+            "detail": ev.detail[:2000],
+        },
+    )
+
+
+def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: float) -> Trigger:
+    """The trigger for a job's stalls, named for the earliest of the `fresh` ones
+    (those no incident covered yet); it covers and records all of them."""
+    # The earliest stalled collective explains the rest (a subgroup hang
+    # blocks the default group behind it).
+    first = min(fresh, key=lambda s: (-s.stalled_for_s, s.seq, s.group))
+    kind = first.kind if first.kind in ("rank-lost", "agent-lost") else "stall"
+    op = f" ({first.op})" if first.op else ""
+    reason = (
+        f"group {first.group} stalled at seq {first.seq}{op}: "
+        f"ranks {fmt_ranks(first.waiting_ranks)} waiting"
+    )
+    if first.not_entered_ranks:
+        reason += f", ranks {fmt_ranks(first.not_entered_ranks)} not entered"
+    if first.kind == "mismatch":
+        reason += ", but members entered different ops at that seq"
+    if first.dead_ranks:
+        reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
+    if first.unobserved_ranks:
+        reason += f", ranks {fmt_ranks(first.unobserved_ranks)} unobserved"
+    reason += f"; no progress for {first.stalled_for_s:.1f}s"
+    return Trigger(
+        kind=kind,
+        reason=reason,
+        onset=now - first.stalled_for_s,
+        keys=[(s.group, s.seq) for s in stalls],
+        info={
+            "kind": kind,
+            "stalled": [
+                {
+                    "group": s.group,
+                    "seq": s.seq,
+                    "op": s.op,
+                    "kind": s.kind,
+                    "waiting_ranks": s.waiting_ranks,
+                    "not_entered_ranks": s.not_entered_ranks,
+                    "dead_ranks": s.dead_ranks,
+                    "unobserved_ranks": s.unobserved_ranks,
+                    "stalled_for_s": round(s.stalled_for_s, 3),
+                }
+                for s in stalls
+            ],
+        },
+    )
+
+
+def stored_incident_for(
+    store: IncidentStore, registry: JobRegistry, job_id: str, keys: list[tuple[str, int]]
+) -> str | None:
+    """A stored incident of this job that already covers one of these stalled
+    (group, seq) pairs, if any (only recent incidents are read).
+
+    The in-memory dedupe is lost when the coordinator restarts in the middle
+    of a hang; the incidents on disk still say what they covered."""
+    wanted = set(keys)
+    for row in store.list_incidents(job_id=job_id, limit=STORED_DEDUPE_LOOKBACK):
+        path = store.incident_dir(row.id) / formats.INCIDENT_FILE
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            stalled = (doc.get("trigger") or {}).get("stalled") or []
+            covered = {(str(x["group"]), int(x["seq"])) for x in stalled}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if covered & wanted and _same_processes(store, registry, job_id, row.id):
+            return row.id
+    return None
+
+
+def _same_processes(
+    store: IncidentStore, registry: JobRegistry, job_id: str, incident_id: str
+) -> bool:
+    """Whether the stored incident was taken from the ranks running now: a
+    job restarted under the same id reaches the same seqs again, and that
+    is a new hang, not the old one."""
+    bundle = store.incident_dir(incident_id)
+    for meta_path in sorted(bundle.glob(f"rank_*/{formats.META_FILE}"))[:8]:
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            rank, pid = int(meta["rank"]), meta.get("pid")
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        live = registry.rank_meta(job_id, rank)
+        if pid is not None and live is not None and live.get("pid") is not None:
+            return bool(live["pid"] == pid)
+    return False
