@@ -1,0 +1,311 @@
+"""One simulated node agent: 8 ranks on its own gRPC channel, the real protocol:
+Register (with retries), ReportProgress at 1 Hz (changed ranks only), FR entry
+deltas once something is in flight too long, and a WatchCommands stream whose
+DUMP and UPLOAD_FULL commands run the uploads (`upload.DumpUploads`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import grpc
+from hangwatch.agent.delta import DeltaReporter
+
+from hangwatch.wire import pb, rpc
+from tests.support.simagents.constants import (
+    DESC,
+    KINDS,
+    PG_ID,
+    RANKS_PER_AGENT,
+    TORCH_VERSION,
+    UNARY_TIMEOUT_S,
+)
+from tests.support.simagents.topology import index_of, last_seq, op_at, rank_pos
+from tests.support.simagents.upload import DumpRecord, DumpUploads
+
+if TYPE_CHECKING:
+    from tests.support.simagents.fleet import FleetState
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetSpec:
+    """What a fleet process needs to know; plain data, so it crosses `spawn`."""
+
+    target: str
+    job_id: str
+    ranks: int
+    pp: int = 4
+    entries: int = 2000
+    epoch: float
+    op_s: float = 0.05
+    report_interval_s: float = 1.0
+    token: str | None = None
+    stacks: bool = True
+    entries_after_s: float = 2.0  # in flight this long: send the FR entry delta
+    nodes: tuple[int, ...] = ()  # node indices this process simulates (empty: all)
+    # Hash the full dumps ahead while the stall timeout runs. Off when the
+    # coordinator will ask for tails: then it is CPU the fan-out needs.
+    prehash_full: bool = True
+    compress: bool = True  # gzip phase-one streams, as the real agent does
+    # The fleet stands for hundreds of other machines. On a small benchmark
+    # box a positive nice keeps it from taking the coordinator's core.
+    nice: int = 0
+
+
+@dataclass
+class AgentStats:
+    registered: int = 0
+    register_retries: int = 0
+    reports_sent: int = 0
+    rank_reports_sent: int = 0
+    reports_failed: int = 0
+    reports_unknown: int = 0
+    entry_batches: int = 0
+    dumps: list[DumpRecord] = field(default_factory=list)
+    full_uploads: list[int] = field(default_factory=list)  # ranks sent on UPLOAD_FULL
+    errors: list[str] = field(default_factory=list)
+
+    def error(self, text: str) -> None:
+        if len(self.errors) < 50:
+            self.errors.append(text)
+
+
+_TRANSIENT: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+
+
+class SimAgent(DumpUploads):
+    """One node: 8 ranks, one channel, the real protocol."""
+
+    def __init__(self, fleet: FleetState, node: int) -> None:
+        self.fleet = fleet
+        self.spec = fleet.spec
+        self.node = node
+        self.agent_id = f"sim-node-{node:05d}"
+        self.host = f"sim-host-{node:05d}"
+        self.ranks = list(range(node * RANKS_PER_AGENT, (node + 1) * RANKS_PER_AGENT))
+        self.pids = {r: 10_000 + r for r in self.ranks}
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {self.spec.token}"),) if self.spec.token else ()
+        )
+        self.channel = grpc.aio.insecure_channel(
+            self.spec.target,
+            options=[
+                ("grpc.max_send_message_length", 8 * 1024 * 1024),
+                ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+                # Each agent is its own node: its own TCP connection, not one
+                # shared subchannel for the whole process.
+                ("grpc.use_local_subchannel_pool", 1),
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        self.stub = rpc.CoordinatorStub(self.channel)
+        self.session_id = ""
+        self.report_seq = 0
+        self.stats = AgentStats()
+        self.sent_entries: dict[int, int] = {}  # rank -> last record_id sent
+        self._handled: set[tuple[str, int]] = set()
+        self.delta = DeltaReporter()
+
+    def register_request(self) -> pb.RegisterRequest:
+        topo = self.fleet.topo
+        return pb.RegisterRequest(
+            job_id=self.spec.job_id,
+            agent_id=self.agent_id,
+            host=self.host,
+            agent_version="sim",
+            ranks=[
+                pb.RankInfo(
+                    rank=r,
+                    local_rank=r % RANKS_PER_AGENT,
+                    world_size=topo.ranks,
+                    pid=self.pids[r],
+                    backend="nccl",
+                    torch_version=TORCH_VERSION,
+                    fr_source="worker-server",
+                    groups=[
+                        pb.GroupInfo(
+                            name=topo.group_name(k, r),
+                            desc=DESC[k],
+                            pg_id=PG_ID[k],
+                            ranks=topo.group_members(k, r),
+                        )
+                        for k in KINDS
+                    ],
+                )
+                for r in self.ranks
+            ],
+        )
+
+    async def register(self, attempts: int = 5) -> None:
+        """Register, retrying transient failures with backoff as the real agent does."""
+        for attempt in range(attempts):
+            try:
+                resp = await self.stub.Register(
+                    self.register_request(), timeout=UNARY_TIMEOUT_S, metadata=self.metadata
+                )
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in _TRANSIENT or attempt == attempts - 1:
+                    raise
+                self.stats.register_retries += 1
+                self.stats.error(f"Register: {e.code().name}: {e.details()} (retrying)")
+                await asyncio.sleep(0.2 * 2**attempt)
+        self.session_id = resp.session_id
+        self.stats.registered += 1
+        self.delta.reset(resp.heartbeat_s)
+
+    def progress_report(self, now: float) -> pb.ProgressReport:
+        clock, hang = self.fleet.clock, self.fleet.hang
+        idx = clock.index(now)
+        self.report_seq += 1
+        ranks = []
+        for r in self.ranks:
+            pos = rank_pos(r, idx, hang)
+            groups = []
+            for k in KINDS:
+                comp, enq = last_seq(k, pos.completed), last_seq(k, pos.enqueued)
+                started = last_seq(k, pos.started) if pos.started is not None else comp
+                comp_idx = index_of(k, comp) if comp > 0 else -1
+                gp = pb.GroupProgress(
+                    group=self.fleet.names[k][r],
+                    last_enqueued=enq,
+                    last_completed=comp,
+                    last_started=started,
+                    completed_unchanged_s=max(0.0, now - clock.time_of(comp_idx + 1)),
+                )
+                if enq > comp:
+                    in_idx = index_of(k, comp + 1)
+                    gp.oldest_in_flight.CopyFrom(
+                        pb.InFlight(
+                            seq=comp + 1,
+                            op=op_at(in_idx)[1],
+                            age_s=max(0.0, now - clock.time_of(in_idx)),
+                        )
+                    )
+                groups.append(gp)
+            ranks.append(
+                pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=groups, fr_age_s=0.0)
+            )
+        return pb.ProgressReport(
+            job_id=self.spec.job_id,
+            agent_id=self.agent_id,
+            session_id=self.session_id,
+            report_seq=self.report_seq,
+            ranks=ranks,
+        )
+
+    async def progress_loop(self, phase: float) -> None:
+        await asyncio.sleep(phase)
+        interval = self.spec.report_interval_s
+        next_at = time.monotonic()
+        while True:
+            now = time.time()
+            try:
+                report = self.progress_report(now)
+                # Changed ranks only, all of them every few seconds: as the real agent.
+                pick = self.delta.select(report.ranks, time.monotonic())
+                if pick is not None:
+                    del report.ranks[:]
+                    report.ranks.extend(pick[0])
+                    ack = await self.stub.ReportProgress(
+                        report, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
+                    )
+                    self.stats.reports_sent += 1
+                    self.stats.rank_reports_sent += len(pick[0])
+                    if ack.known:
+                        self.delta.commit(pick[0], pick[1], time.monotonic())
+                    else:
+                        self.stats.reports_unknown += 1
+                        await self.register()
+                await self._maybe_entries(now)
+            except grpc.aio.AioRpcError as e:
+                self.stats.reports_failed += 1
+                self.stats.error(f"ReportProgress: {e.code().name}: {e.details()}")
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def _maybe_entries(self, now: float) -> None:
+        """Like the real agent: once something has been in flight too long, send
+        the FR entries not sent before (the newest few per rank)."""
+        hang = self.fleet.hang
+        if hang is None:
+            return
+        idx = self.fleet.clock.index(now)
+        entries = []
+        for r in self.ranks:
+            pos = rank_pos(r, idx, hang)
+            oldest = pos.started if pos.started is not None else pos.completed + 1
+            if now - self.fleet.clock.time_of(oldest) < self.spec.entries_after_s:
+                continue
+            first = max(self.sent_entries.get(r, -1) + 1, pos.enqueued - 15)
+            for i in range(first, pos.enqueued + 1):
+                kind, op = op_at(i)
+                state = (
+                    "completed"
+                    if i <= pos.completed
+                    else "started"
+                    if i == pos.started
+                    else "scheduled"
+                )
+                ins, _, dtype = self.fleet.dumps.sizes[(kind, op)]
+                entries.append(
+                    pb.FrEntry(
+                        rank=r,
+                        record_id=i,
+                        group=self.fleet.names[kind][r],
+                        collective_seq=last_seq(kind, i),
+                        profiling_name="nccl:" + op,
+                        state=state,
+                        retired=i <= pos.completed,
+                        age_s=max(0.0, now - self.fleet.clock.time_of(i)),
+                        input_sizes_json=json.dumps(ins),
+                        input_dtypes_json=json.dumps([dtype]),
+                    )
+                )
+            self.sent_entries[r] = max(self.sent_entries.get(r, -1), pos.enqueued)
+        if not entries:
+            return
+        ack = await self.stub.ReportEntries(
+            pb.EntryBatch(
+                job_id=self.spec.job_id,
+                agent_id=self.agent_id,
+                session_id=self.session_id,
+                entries=entries,
+            ),
+            timeout=UNARY_TIMEOUT_S,
+            metadata=self.metadata,
+        )
+        self.stats.entry_batches += 1
+        if not ack.known:
+            await self.register()
+
+    async def watch_loop(self) -> None:
+        while True:
+            call = self.stub.WatchCommands(
+                pb.WatchRequest(
+                    job_id=self.spec.job_id, agent_id=self.agent_id, session_id=self.session_id
+                ),
+                metadata=self.metadata,
+            )
+            try:
+                async for cmd in call:
+                    key = (cmd.incident_id, cmd.kind)
+                    if key in self._handled:
+                        continue
+                    self._handled.add(key)
+                    if cmd.kind == pb.COMMAND_KIND_DUMP:
+                        self.fleet.spawn(self.dump(cmd.incident_id, time.time(), cmd.tail_context))
+                    elif cmd.kind == pb.COMMAND_KIND_UPLOAD_FULL:
+                        self.fleet.spawn(self.upload_full(cmd.incident_id, list(cmd.ranks)))
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED:
+                    raise
+                self.stats.error(f"WatchCommands: {e.code().name}: {e.details()}")
+            await asyncio.sleep(0.2)  # the stream ended (re-register or restart): reopen

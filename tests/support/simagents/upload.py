@@ -1,0 +1,207 @@
+"""The DUMP command's uploads, as `hangwatch agent` does them: per rank, files one by
+one in sha256-checked chunks, or (two-phase, when the command asks for tails)
+every rank's FR tail and meta.json in one compressed UploadFiles stream and,
+on UPLOAD_FULL, the full dumps of the ranks named; then CompleteDump."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+from hangwatch.agent.uploader import pack_chunks
+
+from hangwatch import formats
+from hangwatch.wire import pb, rpc
+from tests.support.simagents.constants import CHUNK_BYTES, UNARY_TIMEOUT_S, UPLOAD_TIMEOUT_S
+from tests.support.simagents.dumps import stacks_text
+from tests.support.simagents.topology import RankPos, rank_pos
+
+if TYPE_CHECKING:
+    from tests.support.simagents.agent import AgentStats, FleetSpec
+    from tests.support.simagents.fleet import FleetState
+
+
+@dataclass
+class DumpRecord:
+    incident_id: str
+    command_at: float  # time.time() the DUMP command arrived
+    done_at: float | None = None  # CompleteDump acknowledged
+    ranks_dumped: int = 0
+    files: int = 0
+    bytes: int = 0
+    accepted: bool | None = None
+    error: str = ""
+    tail_context: int = 0
+
+
+class DumpUploads:
+    """What one simulated agent does on DUMP and UPLOAD_FULL; mixed into `SimAgent`,
+    which sets these attributes."""
+
+    fleet: FleetState
+    spec: FleetSpec
+    agent_id: str
+    ranks: list[int]
+    pids: dict[int, int]
+    metadata: tuple[tuple[str, str], ...]
+    stub: rpc.CoordinatorStub
+    stats: AgentStats
+
+    def bundle_files(self, rank: int, pos: RankPos) -> list[tuple[str, bytes, str]]:
+        """(name, bytes, sha256 hex) of one rank's bundle."""
+        fr = self.fleet.dump_with_digest(rank, pos)
+        files = [(f"{formats.FR_FILE_PREFIX}{rank}", *fr)]
+        files.append((formats.META_FILE, *self.fleet.meta_with_digest(rank)))
+        if self.spec.stacks:
+            st = stacks_text(rank, pos, self.pids[rank]).encode()
+            files.append((formats.STACKS_FILE, st, hashlib.sha256(st).hexdigest()))
+        return files
+
+    def tail_files(self, rank: int, pos: RankPos, context: int) -> list[tuple[str, bytes, str]]:
+        """(name, bytes, sha256 hex) of one rank's phase-one files."""
+        return self.fleet.phase_one_files(rank, pos, context, self.pids[rank])
+
+    async def _upload_tails(
+        self, rec: DumpRecord, incident_id: str, idx: int, context: int
+    ) -> tuple[list[int], list[pb.RankFailure]]:
+        files: list[tuple[int, str, bytes, str]] = []
+        for r in self.ranks:
+            pos = rank_pos(r, idx, self.fleet.hang)
+            files.extend((r, *f) for f in self.tail_files(r, pos, context))
+
+        async def chunks() -> AsyncIterator[pb.BundleChunks]:
+            # Packed by the real agent's own packer.
+            every = (
+                c
+                for r, name, data, digest in files
+                for c in _chunk_list(self, incident_id, r, name, data, digest)
+            )
+            for msg in pack_chunks(every, CHUNK_BYTES):
+                yield msg
+
+        try:
+            ack = await self.stub.UploadFiles(
+                chunks(),
+                timeout=UPLOAD_TIMEOUT_S,
+                metadata=self.metadata,
+                compression=grpc.Compression.Gzip if self.spec.compress else None,
+            )
+        except grpc.aio.AioRpcError as e:
+            why = f"upload failed: {e.code().name}: {e.details()}"
+            self.stats.error(f"UploadFiles: {why}")
+            return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
+        if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
+            why = f"coordinator acked {len(ack.files)} of {len(files)} files"
+            self.stats.error(why)
+            return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
+        rec.files += len(files)
+        rec.bytes += sum(len(f[2]) for f in files)
+        return list(self.ranks), []
+
+    async def upload_full(self, incident_id: str, ranks: list[int]) -> None:
+        """Phase two: full dumps of the ranks asked for, as the real agent does."""
+        idx = self.fleet.clock.index(time.time())
+        for r in ranks:
+            if r not in self.ranks:
+                continue
+            data, digest = self.fleet.dump_with_digest(r, rank_pos(r, idx, self.fleet.hang))
+            try:
+                await self.stub.UploadBundle(
+                    _chunks(self, incident_id, r, f"{formats.FR_FILE_PREFIX}{r}", data, digest),
+                    timeout=UPLOAD_TIMEOUT_S,
+                    metadata=self.metadata,
+                )
+                self.stats.full_uploads.append(r)
+            except grpc.aio.AioRpcError as e:
+                self.stats.error(f"UploadBundle (full) rank {r}: {e.code().name}: {e.details()}")
+
+    async def dump(self, incident_id: str, command_at: float, tail_context: int = 0) -> None:
+        rec = DumpRecord(incident_id=incident_id, command_at=command_at, tail_context=tail_context)
+        self.stats.dumps.append(rec)
+        idx = self.fleet.clock.index(time.time())
+        dumped: list[int] = []
+        failures: list[pb.RankFailure] = []
+        try:
+            if tail_context:
+                dumped, failures = await self._upload_tails(rec, incident_id, idx, tail_context)
+            for r in self.ranks if not tail_context else ():
+                pos = rank_pos(r, idx, self.fleet.hang)
+                try:
+                    # Serial, as the real agent uploads: one file stream at a time.
+                    for name, data, digest in self.bundle_files(r, pos):
+                        ack = await self.stub.UploadBundle(
+                            _chunks(self, incident_id, r, name, data, digest),
+                            timeout=UPLOAD_TIMEOUT_S,
+                            metadata=self.metadata,
+                        )
+                        if not ack.complete:
+                            raise RuntimeError(
+                                f"{name}: stored {ack.bytes_stored} bytes, not complete"
+                            )
+                        rec.files += 1
+                        rec.bytes += len(data)
+                    dumped.append(r)
+                except (grpc.aio.AioRpcError, RuntimeError) as e:
+                    why = (
+                        f"{e.code().name}: {e.details()}"
+                        if isinstance(e, grpc.aio.AioRpcError)
+                        else str(e)
+                    )
+                    failures.append(pb.RankFailure(rank=r, reason=f"upload failed: {why}"))
+                    self.stats.error(f"UploadBundle rank {r}: {why}")
+            res = await self.stub.CompleteDump(
+                pb.DumpResult(
+                    job_id=self.spec.job_id,
+                    agent_id=self.agent_id,
+                    incident_id=incident_id,
+                    ranks_dumped=dumped,
+                    failures=failures,
+                ),
+                timeout=UNARY_TIMEOUT_S,
+                metadata=self.metadata,
+            )
+            rec.accepted = res.accepted
+        except grpc.aio.AioRpcError as e:
+            rec.error = f"CompleteDump: {e.code().name}: {e.details()}"
+            self.stats.error(rec.error)
+        rec.ranks_dumped = len(dumped)
+        rec.done_at = time.time()
+
+
+async def _chunks(
+    agent: DumpUploads, incident_id: str, rank: int, name: str, data: bytes, digest: str
+) -> AsyncIterator[pb.BundleChunk]:
+    for c in _chunk_list(agent, incident_id, rank, name, data, digest):
+        yield c
+
+
+def _chunk_list(
+    agent: DumpUploads, incident_id: str, rank: int, name: str, data: bytes, digest: str
+) -> Iterable[pb.BundleChunk]:
+    total = len(data)
+    offset = 0
+    while True:
+        piece = data[offset : offset + CHUNK_BYTES]
+        last = offset + len(piece) >= total
+        chunk = pb.BundleChunk(
+            job_id=agent.spec.job_id,
+            agent_id=agent.agent_id,
+            incident_id=incident_id,
+            rank=rank,
+            file_name=name,
+            offset=offset,
+            data=piece,
+            last=last,
+        )
+        if offset == 0:
+            chunk.total_size = total
+        if last:
+            chunk.sha256 = digest
+        yield chunk
+        offset += len(piece)
+        if last:
+            return
