@@ -1,7 +1,9 @@
-"""The distribution's shape: stubs current, packages listed, torch not a core dependency."""
+"""The distribution's shape: stubs current, packages listed, torch not a core dependency,
+test support (tests/support) not shipped."""
 
 from __future__ import annotations
 
+import ast
 import filecmp
 import importlib
 import tomllib
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# Fault injectors, simulated agents and the golden generator: tests/support/, never shipped.
+TEST_ONLY = ("chaos", "simagents", "make_golden")
 
 
 def _pyproject() -> dict:
@@ -60,3 +64,46 @@ def test_every_package_directory_is_listed() -> None:
     assert not missing, f"add to [tool.setuptools] packages: {missing}"
     for pkg in listed:
         importlib.import_module(pkg)
+
+
+def _shipped_sources() -> list[Path]:
+    mapping = _pyproject()["tool"]["setuptools"]["package-dir"]
+    return sorted(
+        p for src in mapping.values() for p in (ROOT / src).rglob("*.py") if "_proto" not in p.parts
+    )
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_test_support_is_not_in_the_distribution() -> None:
+    # tests/support is a package (tests and benchmarks import tests.support...),
+    # but not one of the distribution's: nothing under tests/ is listed or mapped.
+    tool = _pyproject()["tool"]["setuptools"]
+    assert (ROOT / "tests" / "support" / "__init__.py").is_file()
+    assert not [p for p in tool["packages"] if p.split(".")[0] == "tests"], tool["packages"]
+    assert not [s for s in tool["package-dir"].values() if Path(s).parts[0] == "tests"]
+    shipped = _shipped_sources()
+    for name in TEST_ONLY:
+        strays = [p for p in shipped if p.stem == name or name in p.parts]
+        assert not strays, f"test-only {name} is back in a shipped package: {strays}"
+    for path in shipped:
+        for mod in _absolute_imports(path):
+            rel = path.relative_to(ROOT)
+            # Shipped code must not need the test support: the wheel lacks it.
+            assert mod.split(".")[0] != "tests", f"{rel} imports {mod}"
+            # What it takes from the hang zoo (the demo) ships with it.
+            parts = mod.split(".")
+            if parts[:2] == ["hangwatch", "testing"] and len(parts) > 2:
+                assert parts[2] not in TEST_ONLY, f"{rel} imports {mod}"
+                assert (ROOT / "hangwatch" / "testing" / f"{parts[2]}.py").is_file(), (
+                    f"{rel} imports {mod}"
+                )
