@@ -342,6 +342,9 @@ class RankTracker:
 
 @dataclass
 class PollResult:
+    # New FR entries since the last fetch. The agent does not send them (the
+    # coordinator discards ReportEntries); fetching them is how the tracker
+    # learns op names, and callers that inspect a poll still can.
     entries: list[pb.FrEntry] = field(default_factory=list)
     events: list[tuple[int, int, str]] = field(default_factory=list)  # (kind, rank, detail)
 

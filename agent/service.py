@@ -2,12 +2,14 @@
 
 Threads (none of them in a training process):
 - main: discovery and polls, every poll interval; never waits on the network.
-- sender: registers, sends progress/events/entries, retries pending uploads;
+- sender: registers, sends progress and events, retries pending uploads;
   backs off with jitter while the coordinator is away.
 - commands: holds the WatchCommands stream open and queues DUMP commands.
 - dumper: collects bundles (ranks in parallel), keeps them on local disk,
   uploads them, reports CompleteDump.
 Everything buffered is bounded (Config.max_buffered; oldest dropped, counted).
+FR entries fetched while polling only teach the trackers op names; they are
+not sent (the coordinator discards ReportEntries: incidents carry full dumps).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
 
-ENTRY_BATCH = 2000
 _INCIDENT_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _TRAILING_RANK_RE = re.compile(r"(\d+)$")
 
@@ -71,7 +72,6 @@ class Agent:
         self.trackers: dict[int, RankTracker] = {}
         self._ignored: set[tuple[int, float]] = set()
         self.events: BoundedQueue[_QueuedEvent] = BoundedQueue(cfg.max_buffered)
-        self.entries: BoundedQueue[pb.FrEntry] = BoundedQueue(cfg.max_buffered)
         self.commands: BoundedQueue[pb.Command] = BoundedQueue(64)
         self.pending: dict[str, PendingDump] = {}
         self._pending_lock = threading.Lock()
@@ -141,8 +141,6 @@ class Agent:
         entries_after = max(2.0 * self.poll_interval, 1.0)
         results = list(self._pool.map(lambda t: self._poll_one(t, now, entries_after), trackers))
         for res in results:
-            for e in res.entries:
-                self.entries.put(e)
             for kind, rank, detail in res.events:
                 self._event(kind, rank, detail, now)
         self._scan_watchdog(now)
@@ -316,15 +314,6 @@ class Agent:
                 self.client.report_event(ev.kind, ev.rank, ev.detail, time.monotonic() - ev.at)
             except BaseException:
                 self.events.push_front(batch)
-                raise
-        while True:
-            entries = self.entries.take(ENTRY_BATCH)
-            if not entries:
-                break
-            try:
-                self.client.report_entries(entries, self.entries.dropped)
-            except BaseException:
-                self.entries.push_front(entries)
                 raise
         with self._pending_lock:
             pending = list(self.pending.values())

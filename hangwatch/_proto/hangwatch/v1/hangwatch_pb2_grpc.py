@@ -107,6 +107,10 @@ class CoordinatorServicer:
 
     def ReportEntries(self, request, context):
         """New flight-recorder entries since the last batch, keyed by record_id.
+        deprecated: the coordinator accepts and discards these (nothing read
+        them; incidents carry full dumps). Agents no longer send them; the
+        method stays so older agents keep working, and its ack still says
+        whether the session is known.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
