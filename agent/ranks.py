@@ -163,8 +163,11 @@ class RankTracker:
         """Apply the hook's FRSTATUS answer, or one instance's plain FR dump."""
         if doc.get("schema") == formats.FRSTATUS:
             for rd in doc.get("recorders") or []:
-                if isinstance(rd, dict) and isinstance(rd.get("pg_status"), dict):
-                    self._apply_pg_status(str(rd.get("instance", "")), rd["pg_status"], now)
+                dump = rd.get("dump") if isinstance(rd, dict) else None
+                if isinstance(dump, dict) and isinstance(dump.get("pg_status") or {}, dict):
+                    self._apply_pg_status(
+                        str(rd.get("instance", "")), dump.get("pg_status") or {}, now
+                    )
                 elif isinstance(rd, dict):
                     log.debug(
                         "rank %d: recorder %s: %s", self.rank, rd.get("instance"), rd.get("error")

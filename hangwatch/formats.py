@@ -44,7 +44,8 @@ RANKINFO = "hangwatch.rankinfo/1"
 # What the hook's status handler answers: one status-only dump per recorder
 # instance (hangwatch.recorders).
 FRSTATUS = "hangwatch.frstatus/1"
-# {"schema", "recorders": [{"instance", "pg_status": {pg_id: {...}}} | {"instance", "error"}]}
+# {"schema", "recorders": [{"instance", "dump": <torch's status-only JSON dump,
+#   with "pg_status": {pg_id: {...}}>} | {"instance", "error"}]}
 
 HOOK_EVENT = "hangwatch.hookevent/1"
 # {"schema", "kind": "collective-timeout"|..., "rank", "detail", "unix": float}

@@ -72,10 +72,10 @@ def test_status_handler_is_status_only_and_pickle_is_torchs(hang_job: Job) -> No
     assert doc["schema"] == formats.FRSTATUS
     (gloo,) = doc["recorders"]
     assert gloo["instance"] == "gloo"
-    assert gloo["pg_status"]["0"]["last_enqueued_collective"] == "6"
+    assert gloo["dump"]["pg_status"]["0"]["last_enqueued_collective"] == "6"
     # gloo counts a finished collective as completed only once its work is
     # retired, so rank 0 (inside #6) may still report #4 as its last.
-    assert gloo["pg_status"]["0"]["last_completed_collective"] in ("4", "5")
+    assert gloo["dump"]["pg_status"]["0"]["last_completed_collective"] in ("4", "5")
     fr = safe_loads(endpoint.call(sock, hook_protocol.FR_PICKLE, timeout=10))
     assert fr["entries"] and all("frames" in e for e in fr["entries"])
     assert endpoint.call(sock, hook_protocol.PING, timeout=2) == b"pong"

@@ -144,11 +144,11 @@ def test_status_poll_reads_every_instance_in_microseconds_of_cpp(hooked_job: Job
     assert doc["schema"] == formats.FRSTATUS
     by = {r["instance"]: r for r in doc["recorders"]}
     assert set(by) == {"hwstore", "gloo"}
-    hw = by["hwstore"]["pg_status"]["0"]
+    hw = by["hwstore"]["dump"]["pg_status"]["0"]
     # The hook counts op_id from 0 and never records completion here.
     assert hw["last_completed_collective"] == "-1"
     assert int(hw["last_enqueued_collective"]) >= 5
-    assert by["gloo"]["pg_status"]["0"]["last_completed_collective"] == "5"
+    assert by["gloo"]["dump"]["pg_status"]["0"]["last_completed_collective"] == "5"
 
 
 @pytest.mark.torch

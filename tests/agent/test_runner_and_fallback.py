@@ -84,7 +84,7 @@ def test_thread_endpoint_and_collective_timeout_event(tmp_path: Path) -> None:
         # Rank 0 is blocked in all_reduce (GIL released): the thread answers everything.
         assert endpoint.call(sock, hook_protocol.PING, timeout=2) == b"pong"
         status = json.loads(endpoint.call(sock, hook_protocol.STATUS, timeout=2))
-        assert status["recorders"][0]["pg_status"]["0"]["last_enqueued_collective"] == "6"
+        assert status["recorders"][0]["dump"]["pg_status"]["0"]["last_enqueued_collective"] == "6"
         full = json.loads(endpoint.call(sock, hook_protocol.FR_TRACE_JSON, timeout=5))
         assert full["entries"]
         stacks = endpoint.call(sock, hook_protocol.DUMP_TRACEBACK, timeout=2).decode()
