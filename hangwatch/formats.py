@@ -117,6 +117,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{os.path.basename(path)}.")
     try:
+        # mkstemp makes 0600; these files are read by other processes (the
+        # agent may run as another user than the rank that writes them).
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

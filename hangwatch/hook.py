@@ -383,7 +383,7 @@ def dump_all_to_files() -> list[str]:
     for rec in st.recorders:
         path = os.path.join(fr_dir, formats.abort_dump_name(rec.instance, rank))
         try:
-            _atomic_write(path, recorders_mod.dump_pickle(rec))
+            formats.atomic_write(path, recorders_mod.dump_pickle(rec))
             written.append(path)
         except Exception as e:
             log.warning("hangwatch: could not dump recorder %s: %s", rec.instance, e)
@@ -415,17 +415,9 @@ def _write_rankinfo(st: _State) -> None:
         "dump_prefixes": {"watchdog": st.env.watchdog_prefix},
     }
     path = hook_protocol.rankinfo_path(st.run_dir, pid)
-    _atomic_write(path, json.dumps(info, indent=1).encode())
+    formats.atomic_write(path, json.dumps(info, indent=1).encode())
     st.rankinfo_path = path
     log.debug("hangwatch: wrote %s", path)
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 # --- 3. FR endpoint -------------------------------------------------------

@@ -79,18 +79,6 @@ def _portable_entries(trace: dict[str, Any], roots: list[tuple[str, str]]) -> No
                 frame["filename"] = portable_path(frame["filename"], roots)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _stacks_text() -> str:
     # faulthandler needs a real file descriptor; it walks every thread's frames
     # without running Python code in them.
@@ -178,7 +166,7 @@ def write_snapshot(
         stacks = _stacks_text()
         if portable:
             stacks = _portable_stacks(stacks, roots)
-        _atomic_write(rank_dir / formats.STACKS_FILE, stacks.encode())
+        formats.atomic_write(rank_dir / formats.STACKS_FILE, stacks.encode())
         meta = {
             "schema": formats.RANKMETA,
             "rank": rank,
@@ -197,10 +185,10 @@ def write_snapshot(
             "gpu": {"available": False, "reason": "CPU-only test job"},
             "errors": {},
         }
-        _atomic_write(rank_dir / formats.META_FILE, json.dumps(meta, indent=1).encode())
+        formats.atomic_write(rank_dir / formats.META_FILE, json.dumps(meta, indent=1).encode())
     # The generic instance's file last: its presence means the rank's snapshot is complete.
     fr_path = rank_dir / f"{formats.FR_FILE_PREFIX}{rank}"
     for rec, data in sorted(dumps, key=lambda d: d[0].file_stem == formats.FR_FILE_PREFIX):
-        _atomic_write(rank_dir / f"{rec.file_stem}{rank}", data)
+        formats.atomic_write(rank_dir / f"{rec.file_stem}{rank}", data)
         fr_path = rank_dir / f"{rec.file_stem}{rank}"
     return fr_path, flights
