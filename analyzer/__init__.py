@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,8 +46,13 @@ def analyze_path(
     selected_ranks: Iterable[int] | str | None = None,
     group: str | None = None,
     progress: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Report:
-    """Load every dump under `path` (a directory or an incident bundle) and diagnose it."""
+    """Load every dump under `path` (a directory or an incident bundle) and diagnose it.
+
+    `on_progress(done, total)` follows the reading of the dump files; the
+    library draws nothing, so `progress` is accepted for old callers and ignored.
+    """
     from hangwatch.analyzer.diagnose import analyze
     from hangwatch.analyzer.loader import load_dumps
 
@@ -57,6 +62,7 @@ def analyze_path(
         world_size=world_size,
         selected_ranks=selected_ranks,
         progress=progress,
+        on_progress=on_progress,
     )
     return analyze(loaded, world_size=world_size, group=group)
 

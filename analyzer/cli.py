@@ -72,13 +72,18 @@ def run(ns: argparse.Namespace) -> int:
         selected = parse_ranks(ns.selected_ranks) if ns.selected_ranks else None
     except ValueError as e:
         return _fail(f"bad --selected-ranks: {e}")
+    on_progress = None
+    if not ns.json:
+        from hangwatch.analyzer.render import load_progress_bar
+
+        on_progress = load_progress_bar()
     try:
         loaded = load_dumps(
             path,
             prefix=ns.prefix,
             world_size=ns.world_size,
             selected_ranks=selected,
-            progress=not ns.json,
+            on_progress=on_progress,
         )
     except OSError as e:
         return _fail(f"cannot read {path}: {e.strerror or e}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from hangwatch.analyzer.loader import GroupMeta
+from hangwatch.analyzer.groups import GroupMeta
 
 ALL_TO_ALL = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
 ALL_GATHER = frozenset(

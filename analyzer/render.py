@@ -1,13 +1,15 @@
-"""Terminal rendering of a Report with rich. Reads the Report only."""
+"""Terminal rendering with rich: a Report (reads the Report only), and the load's progress bar."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 from hangwatch.analyzer.report import RankEvidence, Report
 from hangwatch.analyzer.text import rank_list, stack_excerpt
 from rich.console import Console, Group
 from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -135,3 +137,36 @@ def _evidence_cells(ev: RankEvidence | None) -> list[str | Text | Group]:
             *stack_excerpt(ev.stacks, frames=STACK_EXCERPT_LINES),
         ]
     return [host or "-", lc, le, Text("\n".join(lines) or "-")]
+
+
+class LoadProgressBar:
+    """`load_dumps(on_progress=...)` as a transient bar; it closes itself at done == total."""
+
+    def __init__(self, description: str = "loading dumps") -> None:
+        self.description = description
+        self._bar: Progress | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None:
+            if done >= total:
+                return  # nothing left to show: never flash an empty bar
+            self._bar = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=True,
+            )
+            self._bar.start()
+            self._bar.add_task(self.description, total=total)
+        self._bar.update(self._bar.task_ids[0], completed=done, total=total)
+        if done >= total:
+            self._bar.stop()
+            self._bar = None
+
+
+def load_progress_bar(description: str = "loading dumps") -> LoadProgressBar | None:
+    """A progress bar for loading, or None where stderr is not a terminal (pipes, CI)."""
+    if not sys.stderr.isatty():
+        return None
+    return LoadProgressBar(description)

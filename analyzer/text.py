@@ -61,3 +61,9 @@ def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
     if len(chosen) > frames:
         out.append(f"... {len(chosen) - frames} outer frames")
     return out
+
+
+def one_line(s: str) -> str:
+    """The first line of an error message, capped: what a FileError shows."""
+    s = s.strip().splitlines()[0] if s.strip() else "unknown error"
+    return s[:300]

@@ -1,0 +1,103 @@
+"""Which files under a directory (or one file) are dumps, bundle metadata, or incidents.
+
+A file is a dump candidate when its name ends in a rank number
+(`nccl_trace_rank_3`, `rank_7.json`, `_dump_5`, `<prefix>host-a_3`); its
+content, read later, decides pickle vs JSON. Nothing is opened here: a
+candidate is a path, its rank and what stat saw.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hangwatch.analyzer.report import FileError
+
+from hangwatch import formats
+
+RANK_RE = re.compile(r"^(?P<stem>.*?)(?P<rank>\d+)(?:\.(?:json|pkl|pickle|bin|dump))?$")
+SKIP_NAMES = frozenset({formats.META_FILE, formats.INCIDENT_FILE, formats.STACKS_FILE})
+
+
+def parse_ranks(spec: str | Iterable[int] | None) -> set[int] | None:
+    """'0,3,5-7' -> {0,3,5,6,7}; None stays None."""
+    if spec is None:
+        return None
+    if not isinstance(spec, str):
+        return {int(r) for r in spec}
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise ValueError(f"bad rank range {part!r}")
+            out.update(range(lo, hi + 1))
+        else:
+            out.add(int(part))
+    return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: str
+    rel: str  # relative to the loaded root: what errors and LoadedDumps.files name
+    rank: int
+    size: int
+    mtime: float
+
+
+@dataclass(kw_only=True)
+class Found:
+    dumps: list[Candidate] = field(default_factory=list)
+    metas: list[Path] = field(default_factory=list)  # bundle meta.json files
+    incidents: list[Path] = field(default_factory=list)  # incident.json files
+    errors: list[FileError] = field(default_factory=list)
+
+
+def discover(root: Path, prefix: str | None) -> Found:
+    """Walk `root` in name order (hidden entries skipped, symlinked dirs not followed)."""
+    found = Found()
+    if root.is_file():
+        walk: Iterator[tuple[str, list[str], list[str]]] = iter(
+            [(str(root.parent), [], [root.name])]
+        )
+        base = root.parent
+    else:
+        walk = os.walk(root, followlinks=False)
+        base = root
+    for dirpath, dirnames, filenames in walk:
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(base))
+            if name == formats.META_FILE:
+                found.metas.append(p)
+                continue
+            if name == formats.INCIDENT_FILE:
+                found.incidents.append(p)
+                continue
+            if name in SKIP_NAMES or name.startswith("."):
+                continue
+            if prefix is not None and not name.startswith(prefix):
+                continue
+            m = RANK_RE.match(name)
+            if not m:
+                continue
+            try:
+                st = p.stat()
+            except OSError as e:
+                found.errors.append(FileError(file=rel, error=f"cannot stat: {e.strerror}"))
+                continue
+            if not p.is_file():
+                continue
+            found.dumps.append(
+                Candidate(str(p), rel, int(m.group("rank")), st.st_size, st.st_mtime)
+            )
+    return found

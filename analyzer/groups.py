@@ -1,0 +1,187 @@
+"""Process groups: which group each rank's local pg_id is, and who the members are.
+
+A rank's pg_status is keyed by its local pg_id, a counter of the groups that
+rank belongs to; entries, bundle metadata and creation order tie those ids to
+the global group names. Membership comes from the best source there is, and
+each group says which one (`GroupMeta.membership_source`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from hangwatch.analyzer.decode import ParsedDump
+
+from hangwatch import formats
+
+
+@dataclass(frozen=True, kw_only=True)
+class PgStatus:
+    last_enqueued: int
+    last_started: int
+    last_completed: int
+    pg_id: int
+    # How the local pg_id was tied to a group name: "entries", "bundle",
+    # "creation-order" (see map_pg_ids) or "default" (pg 0 is group "0").
+    mapped_by: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMeta:
+    name: str
+    desc: str
+    ranks: list[int]
+    membership_source: str  # "pg_config" | "bundle" | "dumps" | "world_size"
+
+
+def map_pg_ids(
+    rank: int,
+    parsed: ParsedDump,
+    entry_map: dict[int, str],
+    meta: dict[str, Any] | None,
+    digit_names: set[str],
+    *,
+    instance: str = "",
+) -> tuple[dict[str, PgStatus], list[int]]:
+    """Tie each local pg_id in pg_status to a group name.
+
+    Evidence, strongest first: the rank's own entries (pg_id next to
+    process_group), the agent's bundle metadata, then creation order. Every
+    rank calls new_group for every group, so default group names ("0", "1",
+    ...) are a global creation counter, while a rank's local pg_ids count only
+    the groups it is a member of: the map is order-preserving. Between two
+    known (pg_id, name) anchors, unmapped pg_ids are assigned only when
+    exactly as many candidate names fall in between: first the rank's own
+    pg_config names (NCCL lists the groups it belongs to), then every group
+    name any dump mentions (gloo's pg_config is empty).
+    """
+    mapping: dict[int, tuple[str, str]] = {pid: (g, "entries") for pid, g in entry_map.items()}
+    recs = (meta or {}).get("recorders")
+    rec = (
+        next(
+            (x for x in recs if isinstance(x, dict) and x.get("instance") == instance),
+            None,
+        )
+        if isinstance(recs, list) and instance
+        else None
+    )
+    if rec is not None and isinstance(rec.get("groups"), list):
+        # The agent recorded this instance's own numbering: pg_id == index.
+        for pid, name in enumerate(rec["groups"]):
+            mapping.setdefault(pid, (str(name), "bundle"))
+    elif meta and (not instance or instance == formats.GENERIC_INSTANCE or not recs):
+        for g in meta.get("groups") or []:
+            if isinstance(g, dict) and g.get("pg_id") is not None and g.get("name") is not None:
+                try:
+                    pid = int(g["pg_id"])
+                except (TypeError, ValueError):
+                    continue
+                mapping.setdefault(pid, (str(g["name"]), "bundle"))
+    ids = sorted(int(k) for k in parsed.pg_status)
+    if 0 in ids and 0 not in mapping and "0" not in {g for g, _ in mapping.values()}:
+        mapping[0] = ("0", "default")  # the default group is always local pg 0, named "0"
+    own = {n for n in parsed.pg_config if n.isdigit()}
+    for names in (own, digit_names):
+        if any(pid not in mapping for pid in ids) and names:
+            _order_fill(ids, mapping, names)
+    out: dict[str, PgStatus] = {}
+    unmapped: list[int] = []
+    for pid in ids:
+        enq, started, comp = parsed.pg_status[str(pid)]
+        if pid not in mapping:
+            unmapped.append(pid)
+            continue
+        g, how = mapping[pid]
+        out[g] = PgStatus(
+            last_enqueued=enq, last_started=started, last_completed=comp, pg_id=pid, mapped_by=how
+        )
+    return out, unmapped
+
+
+def _order_fill(ids: list[int], mapping: dict[int, tuple[str, str]], names: set[str]) -> None:
+    anchors = sorted((pid, int(g)) for pid, (g, _) in mapping.items() if g.isdigit())
+    if any(b[1] <= a[1] for a, b in itertools.pairwise(anchors)):
+        return  # names not in creation order: the assumption does not hold here
+    used = {int(g) for g, _ in mapping.values() if g.isdigit()}
+    cand = sorted(int(n) for n in names if int(n) not in used)
+    bounds = [(-1, -1), *anchors, (1 << 62, 1 << 62)]
+    for (p_lo, n_lo), (p_hi, n_hi) in itertools.pairwise(bounds):
+        todo = [pid for pid in ids if p_lo < pid < p_hi and pid not in mapping]
+        fit = [n for n in cand if n_lo < n < n_hi]
+        if todo and len(todo) == len(fit):
+            for pid, n in zip(todo, fit, strict=True):
+                mapping[pid] = (str(n), "creation-order")
+
+
+def build_groups(
+    *,
+    entries: pd.DataFrame,
+    pg_status: dict[int, dict[str, PgStatus]],
+    pg_config: dict[int, dict[str, dict[str, Any]]],
+    rank_meta: dict[int, dict[str, Any]],
+    world_size: int | None,
+) -> dict[str, GroupMeta]:
+    """Group membership by name: pg_config, else bundle metadata, else the
+    dumps that mention the group, else (default group only) --world-size."""
+    desc: dict[str, str] = {}
+    from_cfg: dict[str, list[int]] = {}
+    for cfg in pg_config.values():
+        for name, c in cfg.items():
+            if c.get("desc"):
+                desc.setdefault(name, c["desc"])
+            if c.get("ranks"):
+                from_cfg.setdefault(name, c["ranks"])
+    from_meta: dict[str, set[int]] = {}
+    # The same member list arrives from every member's meta.json: fold each
+    # distinct list in once (list == list runs in C; set.update per int does not).
+    seen_lists: dict[str, list[Any] | dict[str, Any]] = {}
+    for r, meta in rank_meta.items():
+        for g in meta.get("groups") or []:
+            if not isinstance(g, dict) or g.get("name") is None:
+                continue
+            name = str(g["name"])
+            if g.get("desc"):
+                desc.setdefault(name, str(g["desc"]))
+            ranks = g.get("ranks")
+            s = from_meta.setdefault(name, set())
+            s.add(r)
+            if isinstance(ranks, list | dict) and seen_lists.get(name) != ranks:
+                seen_lists[name] = ranks
+                s.update(formats.expand_ranks(ranks) or ())
+    from_dumps: dict[str, set[int]] = {}
+    if len(entries):
+        pairs = entries[["group", "rank"]].drop_duplicates()
+        for g, sub in pairs.groupby("group", observed=True):
+            from_dumps.setdefault(str(g), set()).update(int(x) for x in sub["rank"])
+        dpairs = entries[["group", "group_desc"]].drop_duplicates()
+        for g, d in zip(dpairs["group"], dpairs["group_desc"], strict=True):
+            if d:
+                desc.setdefault(str(g), str(d))
+    for r, d in pg_status.items():
+        for g in d:
+            from_dumps.setdefault(g, set()).add(r)
+    out: dict[str, GroupMeta] = {}
+    names = set(from_cfg) | set(from_meta) | set(from_dumps)
+    if world_size:
+        names.add("0")
+    for name in sorted(names, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n)):
+        if name in from_cfg:
+            ranks, src = from_cfg[name], "pg_config"
+        elif name in from_meta:
+            ranks, src = sorted(from_meta[name]), "bundle"
+        elif name == "0" and world_size:
+            ranks, src = list(range(world_size)), "world_size"
+        else:
+            ranks, src = sorted(from_dumps.get(name, set())), "dumps"
+        if name == "0" and world_size and src == "dumps":
+            ranks, src = list(range(world_size)), "world_size"
+        out[name] = GroupMeta(
+            name=name,
+            desc=desc.get(name, "default_pg" if name == "0" else ""),
+            ranks=list(ranks),
+            membership_source=src,
+        )
+    return out

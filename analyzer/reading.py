@@ -1,0 +1,232 @@
+"""Read and decode dump files, in a process pool when that pays, into one frame.
+
+Workers return compact column arrays (`ParsedDump`), not Python objects per
+entry, and the main process concatenates them once. Which dump of a rank
+counts when there are several is decided here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hangwatch.analyzer.coded import Coded
+from hangwatch.analyzer.decode import (
+    BOOL_COLUMNS,
+    ENTRY_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    STR_COLUMNS,
+    ParsedDump,
+    decode_dump,
+)
+from hangwatch.analyzer.discovery import Candidate
+from hangwatch.analyzer.report import FileError
+from hangwatch.analyzer.sniff import DumpFormatError, sniff_and_decode
+from hangwatch.analyzer.text import one_line
+
+MAX_FILE_BYTES = 2 * 1024**3
+# Below this much input a process pool costs more than it saves.
+PARALLEL_MIN_BYTES = 24 * 1024**2
+PARALLEL_MIN_FILES = 64
+# Below this mean size (FR tails are ~15 KB) shipping each parsed dump back
+# from a worker costs more than decoding it: 4,096 tails load in 7.1 s in one
+# process and 8.2 s with two.
+PARALLEL_MIN_MEAN_BYTES = 128 * 1024
+# Record ids restart in every recorder instance; a rank's k-th instance is
+# shifted by k strides (far above any ring buffer's ids) to stay unique.
+RECORD_ID_STRIDE = 1 << 40
+
+Result = tuple[Candidate, ParsedDump | None, str | None]  # (file, dump, or why not)
+ProgressCallback = Callable[[int, int], None]  # (files read, files in all)
+
+
+def read_one(cand: Candidate, max_bytes: int, max_entries: int) -> Result:
+    if cand.size > max_bytes:
+        return cand, None, f"file is {cand.size} bytes, over the {max_bytes}-byte limit"
+    try:
+        with open(cand.path, "rb") as f:
+            # read(n) allocates n bytes up front: ask for what stat saw (+1
+            # to notice growth), then the rest only if the file did grow.
+            data = f.read(cand.size + 1)
+            if len(data) > cand.size:
+                data += f.read(max_bytes + 1 - len(data))
+    except OSError as e:
+        return cand, None, f"cannot read: {e.strerror or e}"
+    if len(data) > max_bytes:
+        return cand, None, f"file grew past the {max_bytes}-byte limit"
+    try:
+        return cand, decode_dump(sniff_and_decode(data), max_entries=max_entries), None
+    except DumpFormatError as e:
+        return cand, None, one_line(str(e))
+    except RecursionError:
+        return cand, None, "structure nests too deeply"
+    except MemoryError:
+        return cand, None, "not enough memory to decode"
+
+
+def _read_chunk(cands: list[Candidate], max_bytes: int, max_entries: int) -> list[Result]:
+    with gc_paused():
+        return [read_one(c, max_bytes, max_entries) for c in cands]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Unpickling builds millions of containers, and each generation-0
+    threshold crossing makes the collector walk the young ones: 3-4x the
+    unpickling time. A dump holds no reference cycles (pickle and JSON build
+    trees), so reference counting frees everything; torch's own reader does
+    the same."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _pool_context() -> Any:
+    # fork shares the already-imported pandas/numpy for free; elsewhere spawn.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context(
+        "fork" if "fork" in methods and sys.platform == "linux" else "spawn"
+    )
+
+
+def read_all(
+    cands: list[Candidate],
+    *,
+    workers: int | None,
+    on_progress: ProgressCallback | None,
+    max_bytes: int,
+    max_entries: int,
+) -> list[Result]:
+    """Every candidate, read and decoded, in order.
+
+    `on_progress(done, total)` is called with done=0 first, after each file,
+    and last with done == total, also when reading stops early on an error,
+    so that a display can always close.
+    """
+    total_bytes = sum(c.size for c in cands)
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    parallel = n_workers > 1 and (
+        (workers is not None and len(cands) > 1)
+        or (
+            total_bytes >= PARALLEL_MIN_BYTES
+            and len(cands) >= PARALLEL_MIN_FILES
+            and total_bytes >= PARALLEL_MIN_MEAN_BYTES * len(cands)
+        )
+    )
+    total = len(cands)
+    out: list[Result] = []
+    if on_progress is not None:
+        on_progress(0, total)
+    try:
+        if not parallel:
+            with gc_paused():
+                for c in cands:
+                    out.append(read_one(c, max_bytes, max_entries))
+                    if on_progress is not None:
+                        on_progress(len(out), total)
+            return out
+        # Chunks amortize the per-task cost; several per worker keep both busy.
+        n_chunks = max(n_workers * 4, 1)
+        chunk = max(1, (len(cands) + n_chunks - 1) // n_chunks)
+        chunks = [cands[i : i + chunk] for i in range(0, len(cands), chunk)]
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=_pool_context()) as ex:
+            for res in ex.map(
+                _read_chunk, chunks, [max_bytes] * len(chunks), [max_entries] * len(chunks)
+            ):
+                out.extend(res)
+                if on_progress is not None:
+                    on_progress(len(out), total)
+        return out
+    finally:
+        if on_progress is not None and len(out) < total:
+            on_progress(total, total)
+
+
+def concat_columns(parts: list[tuple[int, ParsedDump]]) -> pd.DataFrame:
+    """One frame for all ranks; string columns become one Categorical each.
+    Consumes the parts' columns.
+
+    Each file's distinct strings are merged into one table per column (a few
+    dozen per file), so the per-row work is one integer take per column.
+    Categories keep the order union_categoricals gave per-file sorted ones.
+    """
+    parts = [(r, p) for r, p in parts if p.n_entries]
+    data: dict[str, Any] = {}
+    if not parts:
+        empty: dict[str, Any] = {k: np.array([], dtype=np.int64) for k in INT_COLUMNS}
+        empty.update({k: pd.Categorical([]) for k in STR_COLUMNS})
+        empty.update({k: np.array([], dtype=bool) for k in BOOL_COLUMNS})
+        empty.update({k: np.array([], dtype=np.float64) for k in FLOAT_COLUMNS})
+        empty["rank"] = np.array([], dtype=np.int64)
+        return pd.DataFrame(empty)[["rank", *ENTRY_COLUMNS]]
+    data["rank"] = np.concatenate([np.full(p.n_entries, r, dtype=np.int64) for r, p in parts])
+    # Column by column, dropping each file's copy once merged (the parts are
+    # spent): peak memory is the merged frame plus one column, not twice all.
+    for k in ENTRY_COLUMNS:
+        if k not in STR_COLUMNS:
+            data[k] = np.concatenate([p.columns.pop(k) for _, p in parts])
+            continue
+        table: dict[str, int] = {}
+        coded = []
+        for _, p in parts:
+            c: Coded = p.columns.pop(k)
+            for s in sorted(c.cats):
+                table.setdefault(s, len(table))
+            remap = np.array([table[s] for s in c.cats], dtype=np.int32)
+            coded.append(remap[c.codes])
+        data[k] = pd.Categorical.from_codes(np.concatenate(coded), categories=pd.Index(list(table)))
+    return pd.DataFrame(data, copy=False)
+
+
+def shift_record_ids(p: ParsedDump, by: int) -> None:
+    p.columns["record_id"] = p.columns["record_id"] + by
+    p.frames = {rec + by: fr for rec, fr in p.frames.items()}
+
+
+def choose_dumps(
+    results: list[Result],
+) -> tuple[dict[tuple[int, str], tuple[Candidate, ParsedDump]], list[FileError]]:
+    """One dump per (rank, backend), and a FileError for every file that does not count.
+
+    A rank of a job with NCCL and gloo groups has one recorder instance of
+    each (hangwatch.recorders), and both count.
+    """
+    by_key: dict[tuple[int, str], tuple[Candidate, ParsedDump]] = {}
+    errors: list[FileError] = []
+    # Full dumps first: phase two of a collection brings a rank's full dump
+    # next to its tail (hangwatch.frtail), and the full one holds everything
+    # the tail does. Only two dumps of the same kind are a conflict.
+    for cand, parsed, err in sorted(results, key=lambda x: x[1] is not None and x[1].tail):
+        if parsed is None:
+            errors.append(FileError(file=cand.rel, error=err or "unreadable"))
+            continue
+        key = (cand.rank, parsed.backend)
+        prev = by_key.get(key)
+        if prev is None:
+            by_key[key] = (cand, parsed)
+            continue
+        if parsed.tail and not prev[1].tail:
+            continue
+        keep_new = (parsed.n_entries, cand.mtime) > (prev[1].n_entries, prev[0].mtime)
+        kept, dropped = ((cand, parsed), prev) if keep_new else (prev, (cand, parsed))
+        by_key[key] = kept
+        errors.append(
+            FileError(
+                file=dropped[0].rel,
+                error=f"second dump for rank {cand.rank}; kept {kept[0].rel} (more entries or newer)",
+            )
+        )
+    return by_key, errors
