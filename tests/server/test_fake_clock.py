@@ -1,0 +1,551 @@
+"""The coordinator's state machines on a fake clock, in milliseconds.
+
+The real registry and the real incident manager, driven through their clock
+seam (`JobRegistry(clock=...)`, which the manager tells time by) with a
+monotonic clock that moves only when a test advances it. Agents are played by
+feeding real protobuf messages into the methods the gRPC handlers call; the
+manager's ticker thread is not started, each test calls `tick()` itself.
+Only the analysis is stood in for (its own tests cover it): finalize runs on
+the manager's real worker thread against a real SQLite store under tmp_path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hangwatch.analyzer.report import Report
+from hangwatch.server.incidents import NO_ANSWER, IncidentManager
+from hangwatch.server.metrics import Metrics
+from hangwatch.server.state import Command, JobRegistry, StaleSession, StalledGroup
+from hangwatch.server.store import IncidentRow, IncidentStore
+
+from hangwatch import formats
+from hangwatch.wire import pb
+
+JOB = "fake-clock-job"
+STALL = 10.0
+LOST = 30.0
+DEADLINE = 20.0
+TICK = 1.0
+
+
+class FakeClock:
+    """Monotonic seconds that move only when the test says so."""
+
+    def __init__(self, start: float = 5_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Node:
+    """One node agent's side of the wire contract, sent straight to the registry."""
+
+    def __init__(
+        self,
+        registry: JobRegistry,
+        agent_id: str,
+        ranks: list[int],
+        *,
+        world_size: int = 4,
+        groups: dict[str, list[int]] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.agent_id = agent_id
+        self.ranks = ranks
+        self.world_size = world_size
+        self.groups = groups or {"0": list(range(world_size))}
+        self.session = ""
+        self.seq = 0
+
+    def register(self, ranks: list[int] | None = None) -> str:
+        self.ranks = ranks if ranks is not None else self.ranks
+        infos = [
+            pb.RankInfo(
+                rank=r,
+                local_rank=i,
+                world_size=self.world_size,
+                pid=20_000 + r,
+                backend="gloo",
+                torch_version="2.13.0",
+                fr_source="worker-server",
+                groups=[
+                    pb.GroupInfo(name=g, desc=f"group_{g}", pg_id=j, ranks=members)
+                    for j, (g, members) in enumerate(self.groups.items())
+                    if r in members
+                ],
+            )
+            for i, r in enumerate(self.ranks)
+        ]
+        req = pb.RegisterRequest(
+            job_id=JOB, agent_id=self.agent_id, host=f"host-{self.agent_id}", ranks=infos
+        )
+        self.session = self.registry.register(req)
+        self.seq = 0
+        return self.session
+
+    def report(self, seqs: dict[int, tuple[int, int]], *, group: str = "0") -> None:
+        """seqs: rank -> (last_enqueued, last_completed) in `group`."""
+        ranks = []
+        for r, (enq, comp) in seqs.items():
+            gp = pb.GroupProgress(group=group, last_enqueued=enq, last_completed=comp)
+            if enq > comp:
+                gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=comp + 1, op="all_reduce"))
+            ranks.append(pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp]))
+        self._send(ranks)
+
+    def enter(self, enqueued: dict[int, int], *, group: str = "0") -> None:
+        """A recorder that does not record completion: only what each rank entered."""
+        ranks = []
+        for r, enq in enqueued.items():
+            gp = pb.GroupProgress(
+                group=group, last_enqueued=enq, last_completed=-1, completion_unknown=True
+            )
+            # Such agents name the op of the newest collective entered.
+            gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=enq, op="all_reduce"))
+            ranks.append(pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp]))
+        self._send(ranks)
+
+    def _send(self, ranks: list[pb.RankProgress]) -> None:
+        self.seq += 1
+        self.registry.report_progress(
+            pb.ProgressReport(
+                job_id=JOB,
+                agent_id=self.agent_id,
+                session_id=self.session,
+                report_seq=self.seq,
+                ranks=ranks,
+            )
+        )
+
+    def commands(self) -> list[Command]:
+        return self.registry.pending_commands(self.session, JOB, self.agent_id)
+
+    def answer(
+        self,
+        manager: IncidentManager,
+        incident_id: str,
+        dumped: list[int] | None = None,
+        failures: dict[int, str] | None = None,
+    ) -> bool:
+        return manager.on_dump_result(
+            pb.DumpResult(
+                job_id=JOB,
+                agent_id=self.agent_id,
+                incident_id=incident_id,
+                ranks_dumped=self.ranks if dumped is None else dumped,
+                failures=[
+                    pb.RankFailure(rank=r, reason=why) for r, why in (failures or {}).items()
+                ],
+            )
+        )
+
+
+@dataclass
+class StandInAnalysis:
+    """Takes the analyzer's place: blames `lagging` and records what it was asked."""
+
+    lagging: list[int]
+    calls: list[tuple[Path, int | None]]
+
+    def __call__(self, bundle: Path, world_size: int | None) -> Report:
+        self.calls.append((bundle, world_size))
+        return Report(
+            verdict="hang",
+            summary=f"rank(s) {self.lagging} never entered.",
+            lagging_ranks=list(self.lagging),
+        )
+
+
+@dataclass
+class Env:
+    clock: FakeClock
+    registry: JobRegistry
+    store: IncidentStore
+    metrics: Metrics
+    analysis: StandInAnalysis
+    manager: IncidentManager
+    a: Node  # ranks 0, 1
+    b: Node  # ranks 2, 3
+
+    def only_incident(self) -> IncidentRow:
+        [row] = self.store.list_incidents(job_id=JOB)
+        return row
+
+    def finalized(self, incident_id: str) -> IncidentRow:
+        assert self.manager.wait_idle(5.0), "finalize did not finish"
+        row = self.store.get_incident(incident_id)
+        assert row is not None
+        return row
+
+
+def _registry(clock: FakeClock) -> JobRegistry:
+    return JobRegistry(agent_lost_timeout=LOST, stall_timeout=STALL, clock=clock)
+
+
+def _stall_pattern(env: Env, seq: int = 5) -> None:
+    """Ranks 0-2 inside collective `seq`; rank 3 has not entered it."""
+    env.a.report({0: (seq, seq - 1), 1: (seq, seq - 1)})
+    env.b.report({2: (seq, seq - 1), 3: (seq - 1, seq - 1)})
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    clock = FakeClock()
+    registry = _registry(clock)
+    store = IncidentStore.in_dir(tmp_path)
+    metrics = Metrics()
+    analysis = StandInAnalysis(lagging=[3], calls=[])
+    manager = IncidentManager(
+        store=store,
+        registry=registry,
+        metrics=metrics,
+        stall_timeout=STALL,
+        dump_deadline=DEADLINE,
+        analyze=analysis,
+        tick_s=TICK,
+        full_dump_max_ranks=2,
+        tail_context=8,
+    )
+    a, b = Node(registry, "a", [0, 1]), Node(registry, "b", [2, 3])
+    a.register()
+    b.register()
+    yield Env(clock, registry, store, metrics, analysis, manager, a, b)
+    manager.stop(timeout=5.0)
+    store.close()
+
+
+def _over(registry: JobRegistry) -> list[StalledGroup]:
+    return registry.stalls(JOB, over_timeout_only=True)
+
+
+# ---- the stall detector, through the registry ---------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_a_group_stalls_only_once_the_stall_timeout_passes(env: Env) -> None:
+    _stall_pattern(env)
+    [st] = env.registry.stalls(JOB)
+    assert (st.group, st.seq, st.op, st.kind) == ("0", 5, "all_reduce", "stall")
+    assert (st.waiting_ranks, st.not_entered_ranks) == ([0, 1, 2], [3])
+    assert (st.stalled_for_s, st.over_timeout) == (0.0, False)
+    assert _over(env.registry) == []
+    env.clock.advance(STALL / 2)
+    _stall_pattern(env)  # a heartbeat repeating the same numbers is no progress
+    env.clock.advance(STALL / 2 - 0.25)
+    assert _over(env.registry) == []
+    env.clock.advance(0.25)
+    [st] = _over(env.registry)
+    assert st.over_timeout and st.stalled_for_s == pytest.approx(STALL)
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None and snap.stalled == [st]
+    assert snap.groups[0].no_progress_for_s == pytest.approx(STALL)
+
+
+@pytest.mark.timeout(10)
+def test_progress_restarts_the_stall_clock(env: Env) -> None:
+    _stall_pattern(env, seq=5)
+    env.clock.advance(STALL - 2)
+    # Everyone moved on by one, and the same shape formed at the next seq.
+    _stall_pattern(env, seq=6)
+    [st] = env.registry.stalls(JOB)
+    assert (st.seq, st.stalled_for_s, st.not_entered_ranks) == (6, 0.0, [3])
+    env.clock.advance(STALL - 2)
+    assert _over(env.registry) == []  # 16 s without a new seq, 8 s since progress
+    env.clock.advance(2)
+    [st] = _over(env.registry)
+    assert st.seq == 6 and st.stalled_for_s == pytest.approx(STALL)
+
+
+@pytest.mark.timeout(10)
+def test_completion_unknown_rank_behind_the_others_is_not_entered(env: Env) -> None:
+    env.a.enter({0: 7, 1: 7})
+    env.b.enter({2: 7, 3: 6})
+    assert _over(env.registry) == []
+    env.clock.advance(STALL / 2)
+    env.b.enter({2: 7, 3: 6})  # same enqueue counts: no progress
+    env.clock.advance(STALL / 2)
+    [st] = _over(env.registry)
+    assert (st.seq, st.kind, st.op) == (7, "stall", "all_reduce")
+    assert (st.waiting_ranks, st.not_entered_ranks) == ([0, 1, 2], [3])
+    assert st.stalled_for_s == pytest.approx(STALL)
+    # Rank 3 catches up as the others enter #8: entering is the progress here.
+    env.a.enter({0: 8, 1: 8})
+    env.b.enter({2: 8, 3: 7})
+    [st] = env.registry.stalls(JOB)
+    assert (st.seq, st.not_entered_ranks, st.stalled_for_s) == (8, [3], 0.0)
+    # Rank 3 enters #8 too: all equal is no stall, however long it lasts.
+    env.b.enter({2: 8, 3: 8})
+    assert env.registry.stalls(JOB) == []
+    env.clock.advance(3 * STALL)
+    assert env.registry.stalls(JOB) == [] and _over(env.registry) == []
+
+
+@pytest.mark.timeout(10)
+def test_completion_unknown_members_all_equal_never_stall(env: Env) -> None:
+    env.a.enter({0: 7, 1: 7})
+    env.b.enter({2: 7, 3: 7})
+    for _ in range(5):
+        env.clock.advance(STALL)
+        env.a.enter({0: 7, 1: 7})
+        assert env.registry.stalls(JOB) == []
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None and snap.stalled == []
+    assert snap.groups[0].no_progress_for_s == pytest.approx(5 * STALL)
+
+
+# ---- the registry: lost agents, sessions ----------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_agents_are_lost_after_the_lost_agent_timeout_and_found_by_a_report(env: Env) -> None:
+    env.clock.advance(LOST / 2)
+    env.a.report({0: (3, 3), 1: (3, 3)})
+    env.clock.advance(LOST / 2)
+    assert env.registry.mark_lost_agents() == []  # b silent exactly the timeout
+    env.clock.advance(0.01)
+    assert env.registry.mark_lost_agents() == [(JOB, "b")]
+    assert env.registry.mark_lost_agents() == []  # only newly lost agents are returned
+    assert env.registry.agents_connected() == 1 and env.registry.ranks_connected() == 2
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None
+    assert [(r.rank, r.connected, r.observed) for r in snap.ranks] == [
+        (0, True, True),
+        (1, True, True),
+        (2, False, False),
+        (3, False, False),
+    ]
+    assert {a.agent_id: a.last_report_age_s for a in snap.agents} == pytest.approx(
+        {"a": LOST / 2 + 0.01, "b": LOST + 0.01}
+    )
+    env.b.report({2: (3, 3), 3: (3, 3)})
+    assert env.registry.agents_connected() == 2
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None and all(a.connected for a in snap.agents)
+
+
+@pytest.mark.timeout(10)
+def test_behind_a_lost_agent_ranks_are_unobserved_not_behind(env: Env) -> None:
+    _stall_pattern(env)
+    [st] = env.registry.stalls(JOB)
+    assert (st.kind, st.not_entered_ranks) == ("stall", [3])
+    env.clock.advance(LOST / 2)
+    env.a.report({0: (5, 4), 1: (5, 4)})  # a stays alive, b goes silent
+    env.clock.advance(LOST / 2 + 0.01)
+    env.registry.mark_lost_agents()
+    [st] = env.registry.stalls(JOB)
+    assert (st.kind, st.waiting_ranks, st.not_entered_ranks) == ("agent-lost", [0, 1], [])
+    assert st.unobserved_ranks == [2, 3]
+    assert env.registry.oldest_in_flight_age(JOB) == pytest.approx(LOST / 2 + 0.01)
+
+
+@pytest.mark.timeout(10)
+def test_reregistration_replaces_the_session_and_keeps_undelivered_commands(env: Env) -> None:
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    now = env.clock.now
+    dump = Command(
+        kind=pb.COMMAND_KIND_DUMP, incident_id="i1", reason="r", deadline_s=5, expires=now + 5
+    )
+    short = Command(
+        kind=pb.COMMAND_KIND_DUMP, incident_id="i0", reason="r", deadline_s=1, expires=now + 1
+    )
+    assert env.registry.push_command(JOB, "a", short)
+    assert env.registry.push_command(JOB, "a", dump)
+    assert not env.registry.push_command(JOB, "nobody", dump)
+    woken: list[str] = []
+    env.registry.add_waker(env.a.session, JOB, "a", lambda: woken.append("old stream"))
+    env.clock.advance(2)
+    old = env.a.session
+    new = env.a.register()
+    assert new != old and woken == ["old stream"]  # the old stream is told to look
+    with pytest.raises(StaleSession):
+        env.registry.pending_commands(old, JOB, "a")
+    with pytest.raises(StaleSession):
+        env.registry.session(old, JOB, "a")
+    # The dump request survived the reconnect; the expired one did not.
+    assert [c.incident_id for c in env.a.commands()] == ["i1"]
+    assert env.a.commands()[0].to_pb(env.clock.now).deadline_s == pytest.approx(3)
+    # Its ranks start again from registration's numbers.
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None
+    assert [g.last_completed for r in snap.ranks[:2] for g in r.groups] == [-1, -1]
+    # A retried report of the old session is refused, not applied.
+    env.a.session = old
+    with pytest.raises(StaleSession):
+        env.a.report({0: (9, 9), 1: (9, 9)})
+    # A rank that moves to another agent leaves its old one.
+    env.b.register(ranks=[1, 2, 3])
+    snap = env.registry.snapshot(JOB)
+    assert snap is not None
+    assert {a.agent_id: a.ranks for a in snap.agents} == {"a": [0], "b": [1, 2, 3]}
+
+
+# ---- the incident lifecycle ---------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_a_stall_opens_one_incident_that_closes_once_every_rank_answered(env: Env) -> None:
+    _stall_pattern(env)
+    env.manager.tick()
+    assert env.store.list_incidents() == []
+    env.clock.advance(STALL)
+    env.manager.tick()
+    row = env.only_incident()
+    assert (row.status, row.trigger, row.ranks_expected) == ("collecting", "stall", [0, 1, 2, 3])
+    assert row.reason.startswith(
+        "group 0 stalled at seq 5 (all_reduce): ranks 0-2 waiting, ranks 3 not entered"
+    )
+    assert env.registry.open_incident(JOB) == row.id
+    for node in (env.a, env.b):
+        [cmd] = node.commands()
+        assert (cmd.kind, cmd.incident_id, cmd.expires) == (
+            pb.COMMAND_KIND_DUMP,
+            row.id,
+            env.clock.now + DEADLINE,
+        )
+        assert cmd.tail_context == 8  # 4 ranks > full_dump_max_ranks: tails first
+    assert (env.store.incident_dir(row.id) / formats.INCIDENT_FILE).is_file()
+
+    env.clock.advance(1)
+    assert env.a.answer(env.manager, row.id)
+    assert env.a.commands() == []  # answered: no longer re-delivered
+    env.manager.tick()
+    assert env.manager.is_collecting(row.id) and env.analysis.calls == []
+    assert env.b.answer(env.manager, row.id)
+    env.manager.tick()
+    done = env.finalized(row.id)
+    assert (done.status, done.verdict, done.lagging_ranks) == ("analyzed", "hang", [3])
+    assert (done.ranks_dumped, done.ranks_unreachable) == ([0, 1, 2, 3], {})
+    assert done.detection_s == pytest.approx(STALL + 1)
+    assert env.analysis.calls == [(env.store.incident_dir(row.id), 4)]
+    assert env.registry.open_incident(JOB) is None
+    assert not env.b.answer(env.manager, row.id)  # closed: a late answer is refused
+    # Phase two: the laggard's full FR history, from its own agent only.
+    assert env.a.commands() == []
+    [full] = env.b.commands()
+    assert (full.kind, full.ranks) == (pb.COMMAND_KIND_UPLOAD_FULL, (3,))
+    # The same stall is that incident's, however long it lasts.
+    for _ in range(3):
+        env.clock.advance(STALL)
+        env.manager.tick()
+    assert len(env.store.list_incidents()) == 1
+    assert env.metrics.counter("hangwatch_incidents_opened_total", {"trigger": "stall"}) == 1
+
+
+@pytest.mark.timeout(10)
+def test_the_deadline_closes_collection_without_every_answer(env: Env) -> None:
+    _stall_pattern(env)
+    env.clock.advance(STALL)
+    env.manager.tick()
+    row = env.only_incident()
+    assert env.a.answer(env.manager, row.id, dumped=[0], failures={1: "process stopped"})
+    # Agent b never answers, but rank 2's FR upload landed in the bundle.
+    fr = env.store.incident_dir(row.id) / "rank_2" / f"{formats.FR_FILE_PREFIX}2"
+    fr.parent.mkdir(parents=True)
+    fr.write_bytes(b"fr")
+    env.clock.advance(DEADLINE - 0.25)
+    env.manager.tick()
+    assert env.manager.is_collecting(row.id)
+    env.clock.advance(0.25)
+    env.manager.tick()
+    done = env.finalized(row.id)
+    assert done.status == "analyzed" and done.ranks_dumped == [0, 2]
+    assert done.ranks_unreachable == {
+        1: "process stopped",
+        3: f"{NO_ANSWER} ({DEADLINE:.0f}s)",
+    }
+    # Nobody could look at rank 3, but the (stand-in) analysis blames it anyway.
+    assert done.report is not None
+    [finding] = [f for f in done.report.findings if f.kind == "agent-unreachable"]
+    assert finding.ranks == [3]
+    assert "Ranks 3 were unobserved (no answer before deadline)" in (done.summary or "")
+    # The coordinator's meta for the rank nobody dumped places it in its groups.
+    meta = env.store.incident_dir(row.id) / "rank_3" / formats.META_FILE
+    assert '"reachable": false' in meta.read_text()
+    # Its DUMP is withdrawn; what is left is phase two's request for rank 3.
+    assert [(c.kind, c.ranks) for c in env.b.commands()] == [(pb.COMMAND_KIND_UPLOAD_FULL, (3,))]
+
+
+@pytest.mark.timeout(10)
+def test_a_lost_agents_ranks_are_accounted_for_at_once(env: Env) -> None:
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    env.b.report({2: (5, 4), 3: (5, 4)})  # all inside #5: healthy while observed
+    env.clock.advance(LOST / 2)
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    env.manager.tick()
+    assert env.store.list_incidents() == []
+    env.clock.advance(LOST / 2 + 0.01)
+    env.manager.tick()  # b is lost, then the scan sees its ranks unobserved
+    row = env.only_incident()
+    assert row.trigger == "agent-lost"
+    assert env.b.commands() == []  # nobody to ask
+    assert [c.incident_id for c in env.a.commands()] == [row.id]
+    assert env.a.answer(env.manager, row.id)
+    env.manager.tick()  # every rank answered for: no wait for the deadline
+    done = env.finalized(row.id)
+    assert done.ranks_dumped == [0, 1]
+    assert sorted(done.ranks_unreachable) == [2, 3]
+    assert done.ranks_unreachable[2] == f"agent unreachable: b silent for {LOST + 0.01:.1f}s"
+    assert env.metrics.counter("hangwatch_agents_lost_total") == 1
+
+
+@pytest.mark.timeout(10)
+def test_an_event_opens_at_once_and_later_symptoms_join_it(env: Env) -> None:
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    env.b.report({2: (5, 4), 3: (5, 4)})
+
+    def event(kind: pb.EventKind, rank: int) -> str:
+        ev = pb.Event(
+            job_id=JOB,
+            agent_id="b",
+            session_id=env.b.session,
+            kind=kind,
+            rank=rank,
+            detail="boom",
+            age_s=2.0,
+        )
+        env.registry.record_event(ev)
+        return env.manager.on_event(ev)
+
+    assert event(pb.EVENT_KIND_RANK_EXITED, 3) == ""  # a rank exiting opens nothing
+    first = event(pb.EVENT_KIND_WATCHDOG_DUMP, 2)
+    row = env.only_incident()
+    assert (row.id, row.trigger, row.reason) == (first, "watchdog", "watchdog dump on rank 2: boom")
+    assert event(pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 1) == first  # open: joins it
+    env.clock.advance(STALL)
+    env.manager.tick()  # rank 3 is gone: a rank-lost stall, but the job's incident is open
+    assert len(env.store.list_incidents()) == 1
+    env.a.answer(env.manager, first)
+    env.b.answer(env.manager, first)
+    env.manager.tick()
+    assert env.finalized(first).detection_s == pytest.approx(STALL + 2.0)
+    # Closed, and the job made no progress since: still the same hang.
+    assert event(pb.EVENT_KIND_BACKEND_UNHEALTHY, 0) == first
+    # After progress a new symptom is a new incident.
+    env.clock.advance(1)
+    env.a.report({0: (6, 5), 1: (6, 5)})
+    env.b.report({2: (6, 5), 3: (6, 5)})
+    second = event(pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 0)
+    assert second not in ("", first)
+    assert len(env.store.list_incidents()) == 2
+
+
+@pytest.mark.timeout(10)
+def test_the_stall_scan_runs_once_per_tick_interval(env: Env) -> None:
+    _stall_pattern(env)
+    env.clock.advance(STALL - 0.5)
+    env.manager.tick()  # scans: nothing over the timeout yet
+    env.clock.advance(0.75)
+    assert _over(env.registry)
+    env.manager.tick()  # an early wake-up: no scan until the tick interval passed
+    assert env.store.list_incidents() == []
+    env.clock.advance(TICK - 0.75)
+    env.manager.tick()
+    assert env.only_incident().trigger == "stall"
