@@ -116,7 +116,13 @@ class Report:
     errors: list[FileError] = field(default_factory=list)
     # Richer detail beyond the required keys; consumers may ignore it.
     groups: list[GroupProgress] = field(default_factory=list)
-    waits_for: list[WaitEdge] = field(default_factory=list)
+    waits_for: list[WaitEdge] = field(default_factory=list)  # capped (graph.MAX_WAIT_EDGES)
+    # The waits-for graph's terminal components, from all of it (not only the
+    # capped edges above): ranks that wait on nobody while someone waits on
+    # them, and groups of ranks that wait on each other and on nobody else.
+    # Disjoint. Who is *blamed* is `lagging_ranks`.
+    roots: list[int] = field(default_factory=list)
+    cycles: list[list[int]] = field(default_factory=list)
     evidence: dict[int, RankEvidence] = field(default_factory=dict)
     schema: str = SCHEMA
 
@@ -156,5 +162,8 @@ class Report:
             errors=[FileError(**e) for e in d.get("errors") or []],
             groups=[GroupProgress(**g) for g in d.get("groups") or []],
             waits_for=[WaitEdge(**w) for w in d.get("waits_for") or []],
+            # Absent from reports written before they were recorded.
+            roots=[int(r) for r in d.get("roots") or []],
+            cycles=[[int(r) for r in c] for c in d.get("cycles") or []],
             evidence=ev,
         )

@@ -1,0 +1,203 @@
+"""The tables a report carries beside its verdict: the stalled collective, group progress, per-rank evidence.
+
+Each one says what the dumps show; none of them decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from hangwatch.analyzer.progress import done_mask
+from hangwatch.analyzer.report import (
+    CollectiveRef,
+    Frame,
+    GroupProgress,
+    RankEvidence,
+    StalledCollective,
+)
+from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.waits import Wait
+
+# Evidence is per rank; at 4,096 ranks keep the report readable.
+MAX_EVIDENCE_RANKS = 64
+
+
+def stalled_for(scope: Scope, g: str, s: int, kind: str, w: Wait | None) -> StalledCollective:
+    """Who entered, finished and never entered collective (or p2p op) s in group g."""
+    meta = scope.groups.get(g)
+    members = sorted(meta.ranks) if meta else []
+    E = scope.entries
+    gm = (E["group"] == g).to_numpy()
+    if kind == "collective":
+        at = E.loc[gm & ~E["is_p2p"].to_numpy() & (E["collective_seq_id"] == s).to_numpy()]
+        enq = scope.tab("coll_enq").get(g, pd.Series(dtype=np.float64))
+        comp = scope.tab("coll_comp").get(g, pd.Series(dtype=np.float64))
+        entered = sorted({int(r) for r in at["rank"]} | {int(r) for r, v in enq.items() if v >= s})
+        completed = sorted(int(r) for r, v in comp.items() if v >= s)
+        never = sorted(
+            r
+            for r in members
+            if (r not in scope.dumped and r in scope.universe) or (r in enq.index and enq[r] < s)
+        )
+    else:
+        at = E.loc[gm & E["is_p2p"].to_numpy() & (E["p2p_seq_id"] == s).to_numpy()]
+        entered = sorted({int(r) for r in at["rank"]})
+        completed = []
+        never = sorted(w.targets) if w else []
+    rep = at.sort_values("record_id").iloc[-1] if len(at) else None
+    op = w.op if w and w.op else (str(rep["op"]) if rep is not None else "")
+    sizes: list[list[int]] = []
+    dtypes: list[str] = []
+    if rep is not None:
+        try:
+            parsed = json.loads(str(rep["input_sizes"]))
+            if isinstance(parsed, list):
+                sizes = [list(x) for x in parsed if isinstance(x, list)]
+        except ValueError:
+            sizes = []
+        dtypes = [d for d in str(rep["input_dtypes"]).split(",") if d]
+    return StalledCollective(
+        group=g,
+        group_desc=meta.desc if meta else "",
+        group_ranks=members,
+        seq=s,
+        op=op,
+        profiling_name=(
+            w.profiling_name
+            if w and w.profiling_name
+            else (str(rep["profiling_name"]) if rep is not None else "")
+        ),
+        entered_ranks=[r for r in entered if r not in never],
+        completed_ranks=completed,
+        missing_ranks=never,
+        input_sizes=sizes,
+        dtypes=dtypes,
+    )
+
+
+def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
+    """One row per group in scope; `lagging` is the ranks its waits blame."""
+    comp = scope.tab("coll_comp")
+    enq = scope.tab("coll_enq")
+    lag_by_group: dict[str, set[int]] = {}
+    for w in waits:
+        lag_by_group.setdefault(w.group, set()).update(w.targets)
+    out = []
+    for name, meta in scope.groups.items():
+        c = comp.get(name)
+        e = enq.get(name)
+        out.append(
+            GroupProgress(
+                group=name,
+                group_desc=meta.desc,
+                ranks=list(meta.ranks),
+                min_completed=int(np.nanmin(c.to_numpy()))
+                if c is not None and c.notna().any()
+                else -1,
+                max_enqueued=int(np.nanmax(e.to_numpy()))
+                if e is not None and e.notna().any()
+                else -1,
+                lagging=sorted(lag_by_group.get(name, set())),
+            )
+        )
+    return out
+
+
+def rank_evidence(
+    scope: Scope, lagging: list[int], waits: list[Wait], sc: StalledCollective | None
+) -> dict[int, RankEvidence]:
+    """Every rank's evidence in a small job; beyond MAX_EVIDENCE_RANKS, the ranks
+    that matter: the lagging, the first missing, and a sample of the waiters."""
+    if len(scope.universe) <= MAX_EVIDENCE_RANKS:
+        chosen = sorted(scope.universe)
+    else:
+        waiters = sorted(set().union(*(w.waiters for w in waits))) if waits else []
+        chosen = sorted(
+            set(lagging)
+            | set(scope.missing[:MAX_EVIDENCE_RANKS])
+            | set(waiters[: MAX_EVIDENCE_RANKS // 2])
+        )
+    E = scope.entries
+    done = done_mask(E)
+    rank = E["rank"].to_numpy()
+    mine = np.isin(rank, chosen)
+    newest = _newest_per_rank(E, mine)
+    newest_done = _newest_per_rank(E, mine & done)
+    comp = scope.tab("coll_comp")
+    out: dict[int, RankEvidence] = {}
+    for r in chosen:
+        meta = scope.loaded.rank_meta.get(r) or {}
+        last_c: CollectiveRef | None = None
+        if r in newest_done.index:
+            row = newest_done.loc[r]
+            last_c = CollectiveRef(
+                group=str(row["group"]),
+                seq=_seq(row),
+                op=str(row["op"]),
+                state="retired" if row["retired"] else str(row["state"]),
+            )
+        elif (
+            sc is not None
+            and sc.group in comp
+            and r in comp[sc.group].index
+            and not np.isnan(comp[sc.group][r])
+        ):
+            last_c = CollectiveRef(
+                group=sc.group, seq=int(comp[sc.group][r]), op="", state="completed"
+            )
+        last_e: CollectiveRef | None = None
+        frames: list[Frame] = []
+        if r in newest.index:
+            row = newest.loc[r]
+            last_e = CollectiveRef(
+                group=str(row["group"]),
+                seq=_seq(row),
+                op=str(row["op"]),
+                state="retired" if row["retired"] else str(row["state"]),
+            )
+            fr = scope.loaded.frames.get((r, int(row["record_id"])))
+            if fr is None:
+                fr = _any_frames(scope, r)
+            frames = [Frame(name=a, filename=b, line=c) for a, b, c in (fr or ())]
+        sources = dict(meta.get("sources") or {})
+        if r in scope.dumped:
+            sources.setdefault("fr", "dump-file")
+        gpu = meta.get("gpu")
+        out[r] = RankEvidence(
+            rank=r,
+            host=meta.get("host"),
+            pid=meta.get("pid") if isinstance(meta.get("pid"), int) else None,
+            process_state=meta.get("process_state"),
+            reachable=bool(meta.get("reachable", r in scope.dumped or not meta)),
+            last_completed=last_c,
+            last_entered=last_e,
+            frames=frames,
+            stacks=meta.get("stacks"),
+            gpu=gpu if isinstance(gpu, dict) else None,
+            sources={str(k): str(v) for k, v in sources.items()},
+        )
+    return out
+
+
+def _any_frames(scope: Scope, r: int) -> tuple[tuple[str, str, int], ...] | None:
+    best = None
+    for (rr, rec), fr in scope.loaded.frames.items():
+        if rr == r and (best is None or rec > best[0]):
+            best = (rec, fr)
+    return best[1] if best else None
+
+
+def _newest_per_rank(E: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
+    """Each rank's entry with the highest record_id among `mask`, indexed by rank."""
+    rows = np.flatnonzero(mask)
+    rank = E["rank"].to_numpy()[rows]
+    order = np.lexsort((E["record_id"].to_numpy()[rows], rank))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = rank[order][1:] != rank[order][:-1]
+    return E.iloc[rows[order[last]]].set_index("rank")
+
+
+def _seq(row: pd.Series) -> int:
+    return int(row["p2p_seq_id"] if row["is_p2p"] else row["collective_seq_id"])

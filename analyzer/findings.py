@@ -1,0 +1,143 @@
+"""The findings of a diagnosis, each step's as its own list; the report holds them in order.
+
+Which kind of finding a rank gets is decided here; the words are wording's.
+"""
+
+from __future__ import annotations
+
+from hangwatch.analyzer import wording
+from hangwatch.analyzer.matching import Mismatch
+from hangwatch.analyzer.progress import done_mask
+from hangwatch.analyzer.report import Finding
+from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.verdict import wait_key
+from hangwatch.analyzer.waits import Unmatched, Wait
+
+_FROZEN_STATES = ("stopped", "tracing-stop", "frozen")
+
+
+def mismatch_findings(mismatches: list[Mismatch]) -> list[Finding]:
+    return [
+        Finding(kind=m.kind, ranks=m.odd_ranks, group=m.group, seq=m.seq, detail=m.detail)
+        for m in mismatches
+    ]
+
+
+def root_findings(
+    scope: Scope,
+    blamed: list[int],
+    cycles: list[list[int]],
+    waits: list[Wait],
+    p2p_blocked: set[int],
+) -> list[Finding]:
+    """One finding per cycle, then one per blamed rank outside the cycles."""
+    out: list[Finding] = []
+    in_cycle = {r for c in cycles for r in c}
+    for c in cycles:
+        gs = sorted({w.group for w in waits if w.waiters & set(c) and w.targets & set(c)})
+        out.append(
+            Finding(
+                kind="cross-group-deadlock",
+                ranks=c,
+                group=gs[0] if gs else None,
+                detail=wording.cross_group_deadlock(scope.groups, c, gs, waits),
+            )
+        )
+    for r in blamed:
+        if r in in_cycle:
+            continue
+        w0 = min((w for w in waits if r in w.targets), key=lambda w: wait_key(w, blamed))
+        at = wording.where(scope.groups, w0)
+        n_wait = len(w0.waiters)
+        meta = scope.loaded.rank_meta.get(r)
+        if r not in scope.dumped:
+            if meta is not None and not meta.get("reachable", True):
+                state = str(meta.get("process_state") or "unknown")
+                kind = "frozen" if state in _FROZEN_STATES else "agent-unreachable"
+                detail = wording.not_dumped_root(r, state, n_wait, at)
+            else:
+                kind, detail = "missing-dump", wording.missing_root(r, n_wait, at)
+        elif not (r in p2p_blocked or scope.in_collective(r)):
+            kind = "stuck-outside-collective"
+            detail = wording.outside_collective_root(
+                r, at, completion_known=w0.group not in scope.loaded.completion_unknown_groups
+            )
+        else:
+            kind, detail = "not-entered", wording.not_entered_root(r, n_wait, at)
+        out.append(Finding(kind=kind, ranks=[r], group=w0.group, seq=w0.seq, detail=detail))
+    return out
+
+
+def no_culprit_findings(scope: Scope, *, blocked_any: bool, incident: bool) -> list[Finding]:
+    """What can be said when nobody waits on a rank that is behind."""
+    out: list[Finding] = []
+    if scope.missing and scope.world_size:
+        out.append(
+            Finding(
+                kind="missing-dump",
+                ranks=scope.missing,
+                detail=wording.unwaited_missing(scope.missing),
+            )
+        )
+    gloo = scope.loaded.backend == "gloo"
+    if not blocked_any and incident:
+        out.append(
+            Finding(
+                kind="no-collective-in-flight",
+                ranks=[],
+                detail=wording.no_collective_in_flight(gloo),
+            )
+        )
+    if gloo:
+        out.append(
+            Finding(kind="gloo-p2p-blind-spot", ranks=[], detail=wording.GLOO_P2P_BLIND_SPOT)
+        )
+    return out
+
+
+def p2p_findings(scope: Scope, unmatched: list[Unmatched], lagging: set[int]) -> list[Finding]:
+    """One finding per peer that left p2p ops unmatched; when there are
+    lagging ranks, only for them (the others are blocked behind them)."""
+    by_peer: dict[int, list[Unmatched]] = {}
+    for u in unmatched:
+        if lagging and u.peer not in lagging:
+            continue
+        by_peer.setdefault(u.peer, []).append(u)
+    return [
+        Finding(
+            kind="p2p-unmatched",
+            ranks=sorted({peer, *(u.waiter for u in items)}),
+            group=items[0].group,
+            seq=items[0].seq,
+            detail=wording.p2p_unmatched(peer, items, dumped=peer in scope.dumped),
+        )
+        for peer, items in sorted(by_peer.items())
+    ]
+
+
+def wrap_findings(scope: Scope) -> list[Finding]:
+    E = scope.entries
+    if not len(E):
+        return []
+    done = done_mask(E)
+    g = E.assign(done=done).groupby("rank").agg(first=("record_id", "min"), anydone=("done", "any"))
+    # A tail starts past record 0 by construction: that says nothing
+    # about the ring buffer (tail_ranks says where the history went).
+    tails = set(scope.loaded.tail_ranks)
+    wrapped = [
+        int(r)
+        for r, row in g.iterrows()
+        if row["first"] > 0 and row["anydone"] and int(r) not in tails
+    ]
+    if not wrapped:
+        return []
+    return [Finding(kind="buffer-wrapped", ranks=wrapped, detail=wording.BUFFER_WRAPPED)]
+
+
+def completion_unknown_findings(scope: Scope) -> list[Finding]:
+    unknown = scope.unknown_groups()
+    if not unknown:
+        return []
+    return [
+        Finding(kind="completion-unknown", ranks=[], detail=wording.completion_unknown(unknown))
+    ]

@@ -1,0 +1,114 @@
+"""What one diagnosis looks at: the entries and groups in scope, which ranks exist, their progress.
+
+Built once, before anything is decided, so that every later step reads the
+same facts instead of state that an earlier step happened to set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from hangwatch.analyzer.groups import GroupMeta
+from hangwatch.analyzer.loader import LoadedDumps
+from hangwatch.analyzer.progress import Progress, compute_progress
+
+# Process states in which a rank with no dump is known dead, not just unseen.
+DEAD_STATES = frozenset({"stopped", "tracing-stop", "frozen", "zombie", "gone", "dead"})
+
+
+@dataclass(kw_only=True)
+class Scope:
+    loaded: LoadedDumps
+    entries: pd.DataFrame  # only the analysed group's rows when one is chosen
+    groups: dict[str, GroupMeta]
+    world_size: int | None
+    progress: Progress  # its table restricted to the analysed group, likewise
+    dumped: set[int]
+    universe: set[int]  # every rank known to exist (and selected)
+    missing: list[int]  # in the universe, without a dump
+    # Missing ranks nobody could observe (the coordinator wrote their meta:
+    # agent unreachable), as opposed to ones known to be stopped or gone.
+    # They carry no evidence either way.
+    unobserved: set[int]
+    _tabs: dict[str, dict[str, pd.Series]] = field(default_factory=dict, repr=False)
+
+    def tab(self, col: str) -> dict[str, pd.Series]:
+        """group -> Series(rank -> value) for one progress column.
+
+        Cached: splitting the table by group is the costly part, and several
+        steps read the same columns.
+        """
+        if col not in self._tabs:
+            t = self.progress.table[col]
+            self._tabs[col] = {
+                str(g): s.droplevel("group") for g, s in t.groupby(level="group", observed=True)
+            }
+        return self._tabs[col]
+
+    def unknown_groups(self) -> list[str]:
+        """Groups in scope whose completion FR does not record, in group order."""
+        unk = self.loaded.completion_unknown_groups & set(self.groups)
+        return sorted(unk, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+
+    def complete_everywhere(self, g: str, s: int) -> bool:
+        """Every member is known to have finished (g, s): a mismatch there
+        ended without a hang (NCCL can finish mismatched sizes)."""
+        meta = self.groups.get(g)
+        comp = self.tab("coll_comp").get(g)
+        if meta is None or comp is None:
+            return False
+        v = comp.reindex(meta.ranks).to_numpy()
+        return bool(len(v)) and not np.isnan(v).any() and bool((v >= s).all())
+
+    def in_collective(self, r: int) -> bool:
+        """Rank r is blocked in some collective it entered."""
+        try:
+            return bool(self.progress.table.xs(r, level="rank")["coll_blocked"].notna().any())
+        except KeyError:
+            return False
+
+    def any_collective_blocked(self) -> bool:
+        return bool(self.progress.table["coll_blocked"].notna().any())
+
+
+def build_scope(
+    loaded: LoadedDumps,
+    entries: pd.DataFrame,
+    groups: dict[str, GroupMeta],
+    world_size: int | None,
+    only_group: str | None,
+) -> Scope:
+    progress = compute_progress(loaded, entries)
+    if only_group is not None:
+        t = progress.table
+        progress.table = t.loc[t.index.get_level_values("group") == only_group]
+    dumped = set(loaded.ranks_loaded)
+    universe: set[int] = set(dumped) | set(loaded.rank_meta)
+    for g in groups.values():
+        universe.update(g.ranks)
+    if world_size:
+        universe.update(range(world_size))
+    if loaded.selected_ranks is not None:
+        # Ranks left out by --selected-ranks are unknown, not missing.
+        universe &= loaded.selected_ranks
+    missing = sorted(universe - dumped)
+    unobserved = {
+        r
+        for r in missing
+        if (m := loaded.rank_meta.get(r)) is not None
+        and not m.get("reachable", True)
+        and str(m.get("process_state") or "unknown") not in DEAD_STATES
+    }
+    return Scope(
+        loaded=loaded,
+        entries=entries,
+        groups=groups,
+        world_size=world_size,
+        progress=progress,
+        dumped=dumped,
+        universe=universe,
+        missing=missing,
+        unobserved=unobserved,
+    )

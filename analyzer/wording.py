@@ -1,0 +1,218 @@
+"""Every sentence the report prints: summaries and finding details.
+
+Kept apart from the decisions so that the words can change without touching
+what is decided, and so that one place says how ranks, groups and
+collectives are named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hangwatch.analyzer.graph import cycle_sides
+from hangwatch.analyzer.groups import GroupMeta
+from hangwatch.analyzer.matching import Mismatch
+from hangwatch.analyzer.report import StalledCollective
+from hangwatch.analyzer.text import plural, rank_list
+from hangwatch.analyzer.waits import Unmatched, Wait
+
+# ---------- names ----------
+
+
+def gname(groups: dict[str, GroupMeta], g: str) -> str:
+    meta = groups.get(g)
+    return f"{g} ({meta.desc})" if meta and meta.desc else g
+
+
+def coll_name(sc: StalledCollective | None) -> str:
+    if sc is None:
+        return "?"
+    return f"{sc.op or 'collective'} #{sc.seq}"
+
+
+def ranks_word(ranks: list[int]) -> str:
+    return f"Rank {ranks[0]}" if len(ranks) == 1 else f"Ranks {rank_list(ranks)}"
+
+
+def ranks_lower(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+
+
+def where(groups: dict[str, GroupMeta], w: Wait) -> str:
+    """Where a wait is: 'all_reduce #42 in group 0 (default_pg)'."""
+    return f"{w.op or w.kind} #{w.seq} in group {gname(groups, w.group)}"
+
+
+# ---------- summaries ----------
+
+
+def mismatch_summary(
+    groups: dict[str, GroupMeta], m: Mismatch, lagging: list[int], sc: StalledCollective
+) -> str:
+    return (
+        f"{ranks_word(lagging)} {'disagrees' if len(lagging) == 1 else 'disagree'} with "
+        f"the rest of group {gname(groups, m.group)} at {coll_name(sc)}: {m.kind.replace('-', ' ')}."
+    )
+
+
+def hang_summary(
+    groups: dict[str, GroupMeta],
+    *,
+    roots: list[int],
+    cycles: list[list[int]],
+    best: Wait,
+    sc: StalledCollective,
+    deadlock_groups: list[str],
+    targeted: list[Wait],
+) -> str:
+    """The hang verdict's sentence.
+
+    `roots` are the blamed ranks, `deadlock_groups` the groups of the
+    cross-group-deadlock findings, `targeted` every wait that waits on someone.
+    """
+    g = gname(groups, best.group)
+    if cycles:
+        c = cycles[0]
+        gs = deadlock_groups
+        odd = sorted(set(c) & set(roots))
+        if gs and len(odd) < len(c):
+            rest = sorted(set(c) - set(odd))
+            both = sorted({grp for grp, _ in cycle_sides(c, targeted)})
+            return (
+                f"Cross-group deadlock: {ranks_lower(odd)} entered groups "
+                f"{' and '.join(gname(groups, x) for x in both)} in a different order than "
+                f"{ranks_lower(rest)}, which wait in {sc.op or 'collective'} #{sc.seq} "
+                f"in group {g} for {'it' if len(odd) == 1 else 'them'}."
+            )
+        return (
+            f"Cross-group deadlock: ranks {rank_list(c)} wait on each other in different groups "
+            f"(entered in opposite orders), e.g. {sc.op or 'collective'} #{sc.seq} in group {g}."
+            if gs
+            else f"Ranks {rank_list(c)} wait on each other in a cycle."
+        )
+    blamed = sorted(best.targets & set(roots))
+    others = sorted(set(roots) - set(blamed))
+    who = ranks_word(blamed)
+    verb = "never entered" if best.kind == "collective" else "never posted the peer op for"
+    what = f"{sc.op or best.op or 'collective'} #{best.seq} in group {g}"
+    tail = f"; {ranks_lower(sorted(best.waiters))} {'is' if len(best.waiters) == 1 else 'are'} waiting in it."
+    s = f"{who} {verb} {what}{tail}"
+    if others:
+        s = s[:-1] + f" (also lagging: {rank_list(others)})."
+    behind = set().union(*(w.waiters for w in targeted)) - set(best.waiters) - set(roots)
+    if behind:
+        s = (
+            s[:-1]
+            + f"; {plural(len(behind), 'other rank')} {'is' if len(behind) == 1 else 'are'} blocked behind it."
+        )
+    return s
+
+
+def unknown_summary(unknown_groups: list[str]) -> str:
+    return (
+        "FR cannot tell: every member entered every collective it recorded, and "
+        f"the recorder of group(s) {', '.join(unknown_groups)} does not record "
+        "completion, so a collective stuck after everyone entered it looks the same "
+        "as a finished one; see the per-rank stacks and GPU state."
+    )
+
+
+def no_culprit_summary(blocked_any: bool) -> str:
+    if blocked_any:
+        return (
+            "A stall was reported; every collective in flight has been entered by all of "
+            "its members, so FR cannot say which rank is slow inside it; see the per-rank stacks."
+        )
+    return (
+        "A stall was reported, but the flight recorder shows no rank waiting on a lagging "
+        "rank: the culprit is not visible in FR; see the per-rank stacks."
+    )
+
+
+def healthy_summary(blocked_any: bool) -> str:
+    return (
+        "FR shows no stalled collective: every collective in flight has been entered by all "
+        "of its members and nothing is unmatched."
+        if blocked_any
+        else "FR shows no stalled collective: every rank has completed everything it enqueued."
+    )
+
+
+# ---------- finding details ----------
+
+GLOO_P2P_BLIND_SPOT = "gloo records no send/recv in the flight recorder: a p2p deadlock leaves dumps that look healthy."
+BUFFER_WRAPPED = (
+    "these ranks' FR ring buffers wrapped; entries that fell out are not evidence of anything "
+    "(progress is read from pg_status and the newest entries)"
+)
+
+
+def unwaited_missing(missing: list[int]) -> str:
+    return f"no dump from {ranks_word(missing)}; nobody with a dump is waiting on them"
+
+
+def no_collective_in_flight(gloo: bool) -> str:
+    return (
+        "No collective is in flight that a member has not entered. This happens when the job "
+        "hangs outside collectives (a compute hang, a data-loader or I/O stall, a deadlock "
+        "between Python threads) or in point-to-point traffic"
+        + (", which gloo does not record in the flight recorder at all" if gloo else "")
+        + ". The per-rank stacks show where each rank is."
+    )
+
+
+def completion_unknown(unknown_groups: list[str]) -> str:
+    return (
+        f"group(s) {', '.join(unknown_groups)} are recorded by torch's "
+        "FlightRecorderHook on a backend whose completion it does not record "
+        "(entries are 'retired' when the call returns): hangwatch counts a "
+        "collective as finished once every member entered it"
+    )
+
+
+def cross_group_deadlock(
+    groups: dict[str, GroupMeta], cycle: list[int], cycle_groups: list[str], waits: list[Wait]
+) -> str:
+    c = set(cycle)
+    parts = [
+        f"rank {r} waits in {gname(groups, w.group)} #{w.seq} on {rank_list(w.targets & c)}"
+        for w in waits
+        for r in sorted(w.waiters & c)
+        if w.targets & c
+    ]
+    return (
+        f"ranks {rank_list(cycle)} wait on each other across groups {', '.join(cycle_groups)} "
+        f"(collectives entered in different orders): " + "; ".join(parts[:8])
+    )
+
+
+def not_dumped_root(r: int, state: str, n_wait: int, at: str) -> str:
+    return f"rank {r} could not be dumped (process state: {state}); {plural(n_wait, 'rank')} wait on it at {at}"
+
+
+def missing_root(r: int, n_wait: int, at: str) -> str:
+    return f"no dump from rank {r}; {plural(n_wait, 'rank')} wait on it at {at}"
+
+
+def outside_collective_root(r: int, at: str, *, completion_known: bool) -> str:
+    return (
+        f"rank {r} finished every collective it enqueued and never entered {at}; "
+        if completion_known
+        # Completion is not recorded there: say only what is known.
+        else f"rank {r} is in no collective its peers have not all entered, "
+        f"and never entered {at}; "
+    ) + "it is stuck outside any collective (compute, I/O, Python); see its stacks"
+
+
+def not_entered_root(r: int, n_wait: int, at: str) -> str:
+    return (
+        f"rank {r} never entered {at}, where {plural(n_wait, 'rank')} wait; "
+        f"its own older work has not finished although all its peers entered it"
+    )
+
+
+def p2p_unmatched(peer: int, items: Sequence[Unmatched], *, dumped: bool) -> str:
+    shown = "; ".join(f"{u.name} #{u.seq} in group {u.group} on rank {u.waiter}" for u in items[:6])
+    more = f" and {len(items) - 6} more" if len(items) > 6 else ""
+    nodump = "" if dumped else " (no dump from it)"
+    return f"rank {peer}{nodump} has not posted the peer side of: {shown}{more}"
