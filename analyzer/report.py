@@ -138,6 +138,10 @@ class Report:
         return json.dumps(self.to_dict(), **kw)
 
     @classmethod
+    def from_json(cls, text: str | bytes) -> Report:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
         if d.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document (schema={d.get('schema')!r})")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from hangwatch.analyzer.report import WaitEdge
+from hangwatch.analyzer.graph import rank_terminals
+from hangwatch.analyzer.report import Report, WaitEdge
 from hangwatch.server.web.fmt import rank_ranges
 from markupsafe import Markup, escape
 
@@ -78,53 +79,31 @@ class WaitGraph:
         return sorted(r for n in self.nodes if n.kind == "cycle" for r in n.ranks)
 
 
-def _sccs(nodes: Sequence[int], succ: dict[int, set[int]]) -> list[list[int]]:
-    """Tarjan's strongly connected components, iterative (graphs may be deep)."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    out: list[list[int]] = []
-    counter = 0
-    for start in nodes:
-        if start in index:
-            continue
-        work: list[tuple[int, list[int]]] = [(start, sorted(succ.get(start, ())))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            v, todo = work[-1]
-            if todo:
-                w = todo.pop()
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, sorted(succ.get(w, ()))))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                out.append(sorted(comp))
-    return out
+def build(
+    source: Report | Sequence[WaitEdge],
+    *,
+    roots: Iterable[int] | None = None,
+    cycles: Iterable[Iterable[int]] | None = None,
+) -> WaitGraph:
+    """Merge equivalent waiters, mark the culprits, and lay the graph out.
 
+    The culprits are the analyzer's: a Report's `roots` and `cycles` (found
+    on the whole graph, not on the capped edges drawn here), or the ones
+    passed in. Bare edges, or a report written before it carried them, are
+    classified by the analyzer's own graph code; nothing is derived here.
+    """
+    edges: Sequence[WaitEdge]
+    if isinstance(source, Report):
+        edges = source.waits_for
+        if roots is None and cycles is None and (source.roots or source.cycles):
+            roots, cycles = source.roots, source.cycles
+    else:
+        edges = source
+    if roots is None and cycles is None:
+        roots, cycles = rank_terminals((e.waiter, e.waits_on) for e in edges)
+    root_set = set(roots or ())
+    cycle_set = {r for c in cycles or () for r in c}
 
-def build(edges: Sequence[WaitEdge]) -> WaitGraph:
-    """Merge equivalent waiters, classify roots and cycles, and lay the graph out."""
     out_edges: dict[int, set[tuple[int, str, int]]] = defaultdict(set)
     waited_on: set[int] = set()
     ranks: set[int] = set()
@@ -137,14 +116,16 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
     if not ranks:
         return WaitGraph(nodes=[], edges=[])
 
-    # Ranks nobody waits on, with identical out-edges, become one node.
+    # Ranks nobody waits on, with identical out-edges, become one node; a
+    # culprit always stands alone.
     node_of: dict[int, int] = {}
     nodes: list[Node] = []
     leaves_by_sig: dict[frozenset[tuple[int, str, int]], list[int]] = defaultdict(list)
     for r in sorted(ranks):
-        if r in waited_on:
+        if r in waited_on or r in root_set or r in cycle_set:
             node_of[r] = len(nodes)
-            nodes.append(Node(id=len(nodes), ranks=[r]))
+            kind = "cycle" if r in cycle_set else "root" if r in root_set else "waiter"
+            nodes.append(Node(id=len(nodes), ranks=[r], kind=kind))
         else:
             leaves_by_sig[frozenset(out_edges[r])].append(r)
     for group in sorted(leaves_by_sig.values(), key=lambda rs: rs[0]):
@@ -160,25 +141,10 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
             by_pair.setdefault(key, Edge(src=key[0], dst=key[1])).waits.add((group_name, seq))
     graph_edges = sorted(by_pair.values(), key=lambda e: (e.src, e.dst))
 
-    succ: dict[int, set[int]] = defaultdict(set)
     pred: dict[int, set[int]] = defaultdict(set)
     for ge in graph_edges:
-        succ[ge.src].add(ge.dst)
         pred[ge.dst].add(ge.src)
-
-    # Terminal components: no edge leaves them. Size 1 -> root; larger -> cycle.
-    comps = _sccs([n.id for n in nodes], succ)
-    comp_of = {v: i for i, comp in enumerate(comps) for v in comp}
-    terminal: list[int] = []
-    for i, comp in enumerate(comps):
-        leaves_comp = any(comp_of[w] != i for v in comp for w in succ[v])
-        if len(comp) > 1:
-            for v in comp:
-                nodes[v].kind = "cycle"
-        elif not leaves_comp:
-            nodes[comp[0]].kind = "root"
-        if not leaves_comp:
-            terminal.extend(comp)
+    terminal = [n.id for n in nodes if n.kind != "waiter"]
 
     # Layer = hops to the nearest terminal; drawn right to left so arrows
     # point towards the culprit on the right.
@@ -190,7 +156,8 @@ def build(edges: Sequence[WaitEdge]) -> WaitGraph:
             if u not in layer:
                 layer[u] = layer[v] + 1
                 queue.append(u)
-    for n in nodes:  # unreachable from a terminal cannot happen, but stay total
+    # A rank whose way to a culprit fell past the analyzer's edge cap sits with the culprits.
+    for n in nodes:
         n.layer = layer.get(n.id, 0)
 
     dropped = 0
