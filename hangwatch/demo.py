@@ -32,6 +32,7 @@ from hangwatch.formats import ServerInfo
 
 EXIT_NO_INCIDENT = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # what a shell reports for SIGINT
 SCENARIOS = (
     "skip",
     "compute",
@@ -181,15 +182,30 @@ class Api:
             return json.loads(r.read())
 
 
-def _wait_incident(api: Api, job: str, timeout: float, alive: Any) -> dict[str, Any] | None:
-    """Poll until the job's first incident is analysed (or failed); None on timeout."""
+def _incident_ids(api: Api, job: str) -> set[str]:
+    try:
+        return {str(i["id"]) for i in api.get("/api/incidents", job=job)}
+    except (urllib.error.URLError, OSError):
+        return set()
+
+
+def _new_incidents(api: Api, job: str, before: set[str]) -> list[dict[str, Any]]:
+    """The job's incidents this run caused: a shared coordinator keeps older ones."""
+    try:
+        items = api.get("/api/incidents", job=job)
+    except (urllib.error.URLError, OSError):
+        return []
+    return [i for i in items if str(i["id"]) not in before]
+
+
+def _wait_incident(
+    api: Api, job: str, timeout: float, alive: Any, before: set[str]
+) -> dict[str, Any] | None:
+    """Poll until this run's first incident is analysed (or failed); None on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive()
-        try:
-            items = api.get("/api/incidents", job=job)
-        except (urllib.error.URLError, OSError):
-            items = []
+        items = _new_incidents(api, job, before)
         done = [i for i in items if i["status"] in ("analyzed", "failed")]
         if done:
             first = min(done, key=lambda i: i["created"])
@@ -200,6 +216,15 @@ def _wait_incident(api: Api, job: str, timeout: float, alive: Any) -> dict[str, 
 
 
 def run(ns: argparse.Namespace) -> int:
+    try:
+        return _run(ns)
+    except KeyboardInterrupt:
+        # The ExitStack has already stopped the ranks, the agent and our coordinator.
+        print("hangwatch demo: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(ns: argparse.Namespace) -> int:
     from hangwatch.testing.launch import JobFailed, launch_job
     from hangwatch.testing.scenarios import get_scenario
 
@@ -257,6 +282,10 @@ def run(ns: argparse.Namespace) -> int:
             f"launching {ns.ranks} {ns.backend} ranks, scenario {scenario.name!r}: "
             f"{scenario.description}",
         )
+        api = Api(coord.http, token)
+        # A shared coordinator (--coordinator, same --job-id) may hold incidents
+        # of earlier runs: only ones that appear after this point are ours.
+        before = _incident_ids(api, conf.job_id)
         try:
             job = launch_job(
                 scenario,
@@ -270,9 +299,11 @@ def run(ns: argparse.Namespace) -> int:
             print(f"hangwatch demo: the training job failed to start: {e}", file=sys.stderr)
             return EXIT_NO_INCIDENT
         stack.enter_context(job)
-        api = Api(coord.http, token)
+        # The incident page exists only while the coordinator runs: the
+        # demo's own one stops on exit unless --keep.
+        page = coord.proc is None or ns.keep
         try:
-            result = _observe(ns, conf, scenario, job, api, alive, quiet)
+            result = _observe(ns, conf, scenario, job, api, alive, quiet, before, page)
         except RuntimeError as e:
             print(f"hangwatch demo: {e}", file=sys.stderr)
             return EXIT_NO_INCIDENT
@@ -292,6 +323,8 @@ def _observe(
     api: Api,
     alive: Any,
     quiet: bool,
+    before: set[str],
+    page: bool,
 ) -> int:
     world = ns.ranks
     if scenario.name == "healthy":
@@ -299,7 +332,7 @@ def _observe(
         job.check_no_crash()
         # A healthy job must not raise an alarm, even after the stall timeout.
         time.sleep(conf.stall_timeout + 2 * conf.poll_interval)
-        items = api.get("/api/incidents", job=conf.job_id)
+        items = _new_incidents(api, conf.job_id, before)
         if ns.json:
             print(
                 json.dumps(
@@ -318,7 +351,7 @@ def _observe(
 
     fault_unix = job.wait_fault_injected(timeout=60)
     _say(quiet, f"fault injected; waiting for the verdict (stall timeout {conf.stall_timeout:g} s)")
-    incident = _wait_incident(api, conf.job_id, ns.timeout, alive)
+    incident = _wait_incident(api, conf.job_id, ns.timeout, alive, before)
     if incident is None:
         raise RuntimeError(f"no incident within {ns.timeout:g} s")
     detection_s = incident["updated"] - fault_unix
@@ -335,11 +368,11 @@ def _observe(
     if ns.json:
         print(json.dumps(out))
     else:
-        _print_human(out, incident, api.base)
+        _print_human(out, incident, api.base if page else None)
     return 0
 
 
-def _print_human(out: dict[str, Any], incident: dict[str, Any], dashboard: str) -> None:
+def _print_human(out: dict[str, Any], incident: dict[str, Any], dashboard: str | None) -> None:
     from rich.console import Console
 
     from hangwatch.analyzer.render import render
@@ -357,7 +390,10 @@ def _print_human(out: dict[str, Any], incident: dict[str, Any], dashboard: str) 
         f"(stall timeout {out['stall_timeout_s']:g} s); dumped {out['ranks_dumped']}, "
         f"unreachable {out['ranks_unreachable'] or 'none'}"
     )
-    console.print(f"incident page: {dashboard}/incidents/{incident['id']}")
+    if dashboard is not None:
+        console.print(f"incident page: {dashboard}/incidents/{incident['id']}")
+    else:
+        console.print("add --keep to leave the dashboard up and open the incident page")
 
 
 _REPORT_KEYS = (

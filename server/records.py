@@ -91,6 +91,9 @@ class JobRecord:
     groups: dict[str, GroupRecord] = field(default_factory=dict)
     open_incident: str | None = None
     handled: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
+    # rank -> the pid that last registered it, kept while agents come and go:
+    # a different pid means the job was restarted under the same id.
+    pids: dict[int, int] = field(default_factory=dict)
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     last_seen: float = 0.0
     last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more

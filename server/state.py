@@ -149,6 +149,16 @@ class JobRegistry:
                 self._evict_if_full()
                 job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id)
             job.last_seen = now
+            restarted = False
+            for ri in req.ranks:
+                before = job.pids.get(ri.rank)
+                restarted |= before is not None and before != ri.pid
+                job.pids[ri.rank] = ri.pid
+            if restarted:
+                # A new process holds a rank: the job was restarted under the
+                # same id and will reach the same (group, seq) pairs again. A
+                # stall there is a new hang, not one an earlier incident covered.
+                job.handled.clear()
             old = job.agents.get(req.agent_id)
             if old is not None:
                 self._sessions.pop(old.session_id, None)

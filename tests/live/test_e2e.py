@@ -29,7 +29,11 @@ LIVE_SCENARIOS = ["skip", "compute", "frozen", "two", "mismatch", "subgroup", "o
 
 
 def _demo(
-    coordinator: dict[str, str], scenario: str, tmp_path: Path, backend: str = "gloo"
+    coordinator: dict[str, str],
+    scenario: str,
+    tmp_path: Path,
+    backend: str = "gloo",
+    *extra: str,
 ) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
@@ -37,7 +41,7 @@ def _demo(
     r = subprocess.run(
         [sys.executable, "-m", "hangwatch", "demo", "--scenario", scenario, "--ranks", str(WORLD),
          "--coordinator", coordinator["grpc"], "--stall-timeout", str(STALL_TIMEOUT), "--json",
-         "--timeout", "90", "--backend", backend],
+         "--timeout", "90", "--backend", backend, *extra],
         capture_output=True, text=True, timeout=150, env=environ,
     )  # fmt: skip
     assert r.returncode == 0, f"demo failed ({r.returncode}):\n{r.stderr[-4000:]}"
@@ -90,3 +94,19 @@ def test_live_healthy_job_raises_no_incident(
     skip_unless_backend(backend)
     out = _demo(coordinator, "healthy", tmp_path, backend)
     assert out["incidents"] == []
+
+
+@pytest.mark.timeout(300)
+def test_demo_takes_only_the_incident_its_own_run_caused(
+    coordinator: dict[str, str], tmp_path: Path
+) -> None:
+    """Two runs against one coordinator under one job id: the second must not be
+    handed the first one's incident (it used to be, with a negative detection time)."""
+    first = _demo(coordinator, "skip", tmp_path / "a", "gloo", "--job-id", "samejob")
+    second = _demo(coordinator, "two", tmp_path / "b", "gloo", "--job-id", "samejob")
+    assert first["lagging_ranks"] == get_scenario("skip").lagging_ranks(WORLD)
+    assert second["incident_id"] != first["incident_id"]
+    assert second["lagging_ranks"] == get_scenario("two").lagging_ranks(WORLD), second["summary"]
+    assert second["detection_s"] > 0
+    healthy = _demo(coordinator, "healthy", tmp_path / "c", "gloo", "--job-id", "samejob")
+    assert healthy["incidents"] == []  # the two earlier incidents are not this run's

@@ -64,6 +64,7 @@ class Node:
         self.groups = groups or {"0": list(range(world_size))}
         self.session = ""
         self.seq = 0
+        self.pid_base = 20_000
 
     def register(self, ranks: list[int] | None = None) -> str:
         self.ranks = ranks if ranks is not None else self.ranks
@@ -72,7 +73,7 @@ class Node:
                 rank=r,
                 local_rank=i,
                 world_size=self.world_size,
-                pid=20_000 + r,
+                pid=self.pid_base + r,
                 backend="gloo",
                 torch_version="2.13.0",
                 fr_source="worker-server",
@@ -549,3 +550,34 @@ def test_the_stall_scan_runs_once_per_tick_interval(env: Env) -> None:
     env.clock.advance(TICK - 0.75)
     env.manager.tick()
     assert env.only_incident().trigger == "stall"
+
+
+@pytest.mark.timeout(10)
+def test_a_job_restarted_under_the_same_id_gets_a_new_incident_for_the_same_seq(
+    env: Env,
+) -> None:
+    """New processes reach the same (group, seq) again: a new hang, not the old one's."""
+    _stall_pattern(env)
+    env.clock.advance(STALL)
+    env.manager.tick()
+    first = env.only_incident()
+    for node in (env.a, env.b):
+        assert node.answer(env.manager, first.id)
+    env.manager.tick()
+    assert env.finalized(first.id).status == "analyzed"
+    # The same processes, the same stall: still the first incident's.
+    env.clock.advance(STALL)
+    env.manager.tick()
+    assert len(env.store.list_incidents(job_id=JOB)) == 1
+    # The job restarts (new pids), trains a little and hangs at the same seq.
+    for node in (env.a, env.b):
+        node.pid_base = 30_000
+        node.register()
+    env.a.report({0: (2, 2), 1: (2, 2)})
+    env.b.report({2: (2, 2), 3: (2, 2)})
+    env.clock.advance(1)
+    _stall_pattern(env)
+    env.clock.advance(STALL)
+    env.manager.tick()
+    rows = env.store.list_incidents(job_id=JOB)
+    assert len(rows) == 2 and {r.id for r in rows} - {first.id}
