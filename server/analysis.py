@@ -30,6 +30,10 @@ log = logging.getLogger("hangwatch.server")
 
 
 def _init_child(limit_bytes: int) -> None:
+    # The worker's parent is the forkserver; see orphan_guard for why a thread.
+    from hangwatch.server.orphan_guard import watch_parent
+
+    watch_parent()
     if limit_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     # Warm pandas and the loader once per child, not per incident.
@@ -58,9 +62,12 @@ class IsolatedAnalyzer:
     def _get_pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._pool is None:
+                ctx = multiprocessing.get_context("forkserver")
+                # Imported by the forkserver at its start: it dies with us.
+                ctx.set_forkserver_preload(["hangwatch.server.orphan_guard"])
                 self._pool = ProcessPoolExecutor(
                     max_workers=1,
-                    mp_context=multiprocessing.get_context("forkserver"),
+                    mp_context=ctx,
                     initializer=_init_child,
                     initargs=(self.memory_limit_bytes,),
                 )
