@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hangwatch import hook_protocol
-from hangwatch.wire import pb
+from hangwatch.wire import pb, process_state_name
 
 _STATE = {
     "R": pb.PROCESS_STATE_RUNNING,
@@ -28,4 +28,4 @@ def process_state(pid: int, starttime: int | None = None) -> int:
 
 
 def state_name(state: int) -> str:
-    return str(pb.ProcessState.Name(state)).removeprefix("PROCESS_STATE_").lower()
+    return process_state_name(state)

@@ -452,12 +452,7 @@ class Agent:
             log.warning("incident %s: %s; uploading file by file", p.incident_id, e)
             return
         except grpc.RpcError as e:
-            if e.code() not in (
-                grpc.StatusCode.INVALID_ARGUMENT,
-                grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.DATA_LOSS,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-            ):
+            if e.code() not in uploader.BATCH_REFUSED:
                 raise
             # Refused as a batch: the per-file path below retries each file
             # on its own, so one bad file cannot sink the node's evidence.
@@ -509,11 +504,7 @@ class Agent:
                             self.client, path, incident_id=p.incident_id, rank=b.rank
                         )
                     except grpc.RpcError as e:
-                        if e.code() in (
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            grpc.StatusCode.NOT_FOUND,
-                            grpc.StatusCode.DATA_LOSS,
-                        ):
+                        if e.code() in uploader.REFUSED:
                             # Refused, not unreachable: retrying would not help.
                             p.upload_errors[b.rank] = f"{name}: {e.code().name}: {e.details()}"
                             p.uploaded.add((b.rank, name))

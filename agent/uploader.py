@@ -5,12 +5,24 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
+from typing import Final
 
+import grpc
 from hangwatch.agent.client import CoordinatorClient
 
 from hangwatch.wire import pb
 
 # Room for the chunk's other fields and framing under the message limit.
+# The coordinator looked at the upload and will never take it as sent: log
+# it against the rank and move on, retrying would not help.
+REFUSED: Final = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DATA_LOSS}
+)
+# A node's batched stream refused with any of these is sent again file by file:
+# one bad file cannot sink the node's evidence, and a batch too big for the
+# coordinator's memory right now may fit one file at a time.
+BATCH_REFUSED: Final = REFUSED | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+
 _ENVELOPE_BYTES = 64 * 1024
 _MAX_CHUNK = 1 << 20
 

@@ -1,6 +1,27 @@
-"""The generated gRPC stubs under short names: `pb` (messages) and `rpc` (service)."""
+"""The generated gRPC stubs under short names: `pb` (messages) and `rpc` (service),
+and the names of the enums that other formats (meta.json, the API) spell out."""
+
+from typing import Final
 
 from hangwatch._proto.hangwatch.v1 import hangwatch_pb2 as pb
 from hangwatch._proto.hangwatch.v1 import hangwatch_pb2_grpc as rpc
 
-__all__ = ["pb", "rpc"]
+__all__ = ["DEAD_PROCESS_STATES", "EXITED_PROCESS_STATES", "pb", "process_state_name", "rpc"]
+
+_PROCESS_STATE_NAMES: Final[dict[int, str]] = {
+    pb.PROCESS_STATE_UNSPECIFIED: "unknown",
+    pb.PROCESS_STATE_RUNNING: "running",
+    pb.PROCESS_STATE_STOPPED: "stopped",
+    pb.PROCESS_STATE_ZOMBIE: "zombie",
+    pb.PROCESS_STATE_GONE: "gone",
+    pb.PROCESS_STATE_UNRESPONSIVE: "unresponsive",
+}
+# Process states (by name) in which a rank can never finish a collective...
+DEAD_PROCESS_STATES: Final = frozenset({"stopped", "zombie", "gone"})
+# ... and in which it has left the job for good.
+EXITED_PROCESS_STATES: Final = frozenset({"zombie", "gone"})
+
+
+def process_state_name(value: int) -> str:
+    """A pb.ProcessState as meta.json, the API and the dashboard name it."""
+    return _PROCESS_STATE_NAMES.get(value, "unknown")

@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-# Process states in which a rank can never finish a collective.
-DEAD_STATES: Final = frozenset({"stopped", "zombie", "gone"})
-# ... and in which it has left the job for good.
-EXITED_STATES: Final = frozenset({"zombie", "gone"})
+from hangwatch.wire import DEAD_PROCESS_STATES, EXITED_PROCESS_STATES
+
+# One definition for the whole project (hangwatch.wire), under the names used here.
+DEAD_STATES: Final = DEAD_PROCESS_STATES
+EXITED_STATES: Final = EXITED_PROCESS_STATES
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -13,22 +13,11 @@ from typing import Final
 
 from hangwatch.server.commands import Mailbox
 
-from hangwatch.wire import pb
+from hangwatch.wire import pb, process_state_name
+
+__all__ = ["process_state_name"]  # re-exported: the registry names states through it
 
 EVENT_RING: Final = 256  # recent events kept per job
-
-_PROCESS_STATE_NAMES: Final[dict[int, str]] = {
-    pb.PROCESS_STATE_UNSPECIFIED: "unknown",
-    pb.PROCESS_STATE_RUNNING: "running",
-    pb.PROCESS_STATE_STOPPED: "stopped",
-    pb.PROCESS_STATE_ZOMBIE: "zombie",
-    pb.PROCESS_STATE_GONE: "gone",
-    pb.PROCESS_STATE_UNRESPONSIVE: "unresponsive",
-}
-
-
-def process_state_name(value: int) -> str:
-    return _PROCESS_STATE_NAMES.get(value, "unknown")
 
 
 @dataclass

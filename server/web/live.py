@@ -15,7 +15,9 @@ from hangwatch.server.store import IncidentStore
 from hangwatch.server.web import schemas
 from hangwatch.server.web.fmt import age
 
-DEAD_STATES = frozenset({"stopped", "zombie", "gone"})
+from hangwatch.wire import DEAD_PROCESS_STATES
+
+DEAD_STATES = DEAD_PROCESS_STATES
 # Lag buckets: under gloo a hung job is usually "1 behind" (everyone else is
 # blocked waiting), so 1 already gets a colour of its own.
 LAG_EDGES = ((0, "lag0"), (1, "lag1"), (2, "lag2"), (5, "lag3"), (20, "lag4"))
