@@ -34,6 +34,7 @@ def _opt(
     commands: Iterable[str],
     *,
     secret: bool = False,
+    help_for: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     return {
         "flag": flag,
@@ -41,6 +42,8 @@ def _opt(
         "help": help,
         "commands": frozenset(commands),
         "secret": secret,
+        # A command's own wording where one field means different things to each.
+        "help_for": dict(help_for or {}),
     }
 
 
@@ -174,6 +177,10 @@ class Config:
             env.HANGWATCH_TLS_CERT,
             "PEM certificate: the server's own, or the agent's client cert for mTLS.",
             [SERVER, AGENT],
+            help_for={
+                SERVER: "PEM certificate the coordinator serves gRPC with (TLS).",
+                AGENT: "PEM client certificate the agent presents to the coordinator (mTLS).",
+            },
         ),
     )
     tls_key: str | None = field(
@@ -364,13 +371,23 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
     return raw
 
 
-def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
-    """Add the flags of every Config field the command uses."""
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    command: str,
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """Add the flags of every Config field the command uses.
+
+    `defaults`: the command's own defaults where they differ from Config's
+    (the demo's short timeouts), so --help shows the value really in force.
+    """
     for f in FIELDS:
         md = f.metadata
         if command not in md["commands"] or md["flag"] is None:
             continue
-        help_text = f"{md['help']} [env {md['env']}]"
+        default = (defaults or {}).get(f.name, f.default)
+        shown = "" if md["secret"] or default in (None, "", False) else f"; default {default}"
+        help_text = f"{md['help_for'].get(command, md['help'])} [env {md['env']}{shown}]"
         if _field_type(f).startswith("bool"):
             parser.add_argument(
                 md["flag"], dest=f.name, action="store_true", default=None, help=help_text

@@ -83,8 +83,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--keep", action="store_true", help="Leave the coordinator and dashboard up until Ctrl-C."
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for the verdict.")
-    cfg.add_arguments(p, cfg.DEMO)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="Seconds to wait for the verdict (default: 120).",
+    )
+    cfg.add_arguments(p, cfg.DEMO, DEMO_DEFAULTS)
     p.set_defaults(func=run)
 
 

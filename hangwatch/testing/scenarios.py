@@ -231,8 +231,8 @@ def _two_guilty(world: int) -> tuple[int, ...]:
 _SCENARIOS = (
     Scenario(
         name="skip",
-        description="Rank 1 never enters collective N: it blocks outside any collective "
-        "(like a data loader that never yields) while the others wait in N.",
+        description="Rank 1 never enters the next collective: it blocks outside any collective "
+        "(like a data loader that never yields) while the others wait in it.",
         min_world=2,
         verdict="hang",
         guilty=_rank(1),
@@ -240,7 +240,7 @@ _SCENARIOS = (
     ),
     Scenario(
         name="compute",
-        description="Rank 2 spins in pure-Python compute before collective N and never reaches it.",
+        description="Rank 2 spins in pure-Python compute and never reaches the next collective.",
         min_world=3,
         verdict="hang",
         guilty=_rank(2),
@@ -248,7 +248,8 @@ _SCENARIOS = (
     ),
     Scenario(
         name="frozen",
-        description="Rank 1 SIGSTOPs itself before collective N: no dump can be taken from it.",
+        description="Rank 1 stops itself (SIGSTOP) before the next collective: "
+        "no dump can be taken from it.",
         min_world=2,
         verdict="hang",
         guilty=_rank(1),
@@ -257,7 +258,8 @@ _SCENARIOS = (
     ),
     Scenario(
         name="two",
-        description="Ranks 1 and W-1 both block before collective N; the rest wait in N.",
+        description="Rank 1 and the last rank both block before the next collective; "
+        "the others wait in it.",
         min_world=3,
         verdict="hang",
         guilty=_two_guilty,
@@ -265,8 +267,8 @@ _SCENARIOS = (
     ),
     Scenario(
         name="mismatch",
-        description="At collective N rank 2 calls broadcast(src=0) where the others call "
-        "all_reduce on a tensor of the same size: gloo hangs (it does not raise).",
+        description="At the next collective rank 2 calls broadcast(src=0) where the others "
+        "call all_reduce on a tensor of the same size: gloo hangs (it does not raise).",
         min_world=3,
         verdict="mismatch",
         guilty=_rank(2),
@@ -274,9 +276,9 @@ _SCENARIOS = (
     ),
     Scenario(
         name="subgroup",
-        description="Ranks W-2 and W-1 form group '1'. Rank W-1 never enters the subgroup's "
-        "all_reduce; rank W-2 waits in it; the other ranks then wait in the default group "
-        "for W-2 and W-1. Only W-1 is guilty.",
+        description="The last two ranks form group '1'. The last rank never enters the "
+        "subgroup's all_reduce; its partner waits in it; the other ranks then wait in the "
+        "default group for both. Only the last rank is guilty.",
         min_world=3,
         verdict="hang",
         guilty=_last_rank,
@@ -288,8 +290,9 @@ _SCENARIOS = (
     Scenario(
         name="order",
         description="Every step does an all_reduce on group '1' (all ranks), then the default "
-        "group's collectives. At step K rank 1 enters the default group first: a cross-group "
-        "deadlock in which rank 1 is the one out of order. The others wait in group '1' for it.",
+        "group's collectives. At the faulty step rank 1 enters the default group first: a "
+        "cross-group deadlock in which rank 1 is the one out of order. The others wait in "
+        "group '1' for it.",
         min_world=3,
         verdict="hang",
         guilty=_rank(1),
@@ -300,8 +303,8 @@ _SCENARIOS = (
     ),
     Scenario(
         name="wrap",
-        description="Like skip (rank W-1) but after more collectives than the FR ring buffer "
-        "holds (buffer 64, 25 steps = 75 collectives): the oldest entries are gone.",
+        description="Like skip (the last rank) but after more collectives than the FR ring "
+        "buffer holds (buffer 64, 25 steps = 75 collectives): the oldest entries are gone.",
         min_world=2,
         verdict="hang",
         guilty=_last_rank,
@@ -324,8 +327,8 @@ _SCENARIOS = (
     ),
     Scenario(
         name="healthy",
-        description="No fault: K steps, a snapshot while every rank is idle between "
-        "collectives, then a clean exit 0 on every rank.",
+        description="No fault: a few training steps, a snapshot while every rank is idle "
+        "between collectives, then a clean exit 0 on every rank.",
         min_world=1,
         verdict="healthy",
         guilty=_nobody,

@@ -72,10 +72,13 @@ def test_status_handler_is_status_only_and_pickle_is_torchs(hang_job: Job) -> No
     assert doc["schema"] == formats.FRSTATUS
     (gloo,) = doc["recorders"]
     assert gloo["instance"] == "gloo"
-    assert gloo["dump"]["pg_status"]["0"]["last_enqueued_collective"] == "6"
-    # gloo counts a finished collective as completed only once its work is
-    # retired, so rank 0 (inside #6) may still report #4 as its last.
-    assert gloo["dump"]["pg_status"]["0"]["last_completed_collective"] in ("4", "5")
+    status = gloo["dump"]["pg_status"]["0"]
+    assert status["last_enqueued_collective"] == "6"
+    # Rank 0 is inside #6, so at most #5 is complete. How far below that FR's
+    # counter is has no bound the test can rely on: gloo records completion
+    # from its own worker thread after wait() has already returned to the
+    # script (measured: "3" on a loaded machine, "4" or "5" on an idle one).
+    assert 0 <= int(status["last_completed_collective"]) <= 5, status
     fr = safe_loads(endpoint.call(sock, hook_protocol.FR_PICKLE, timeout=10))
     assert fr["entries"] and all("frames" in e for e in fr["entries"])
     assert endpoint.call(sock, hook_protocol.PING, timeout=2) == b"pong"
