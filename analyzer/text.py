@@ -1,4 +1,4 @@
-"""Small text helpers shared by the diagnosis sentences and the terminal report."""
+"""Small text helpers shared by the diagnosis sentences, the terminal report and the loader."""
 
 from __future__ import annotations
 
