@@ -362,8 +362,12 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             t.exited_reported = True
             detail = "process gone" if state == pb.PROCESS_STATE_GONE else "process is a zombie"
             if t.last_exception:
-                detail += f"; last uncaught exception: {t.last_exception}"
-            out.events.append((pb.EVENT_KIND_RANK_EXITED, t.rank, detail))
+                # The hook saw it die of an exception: a crash, not a normal end.
+                # (/proc shows no exit code of a process that is not our child.)
+                detail += f"; uncaught exception: {t.last_exception}"
+                out.events.append((pb.EVENT_KIND_RANK_CRASHED, t.rank, detail))
+            else:
+                out.events.append((pb.EVENT_KIND_RANK_EXITED, t.rank, detail))
         return out
     if state == pb.PROCESS_STATE_STOPPED or not t.socket:
         # A stopped process cannot answer; asking would only queue requests in it.
@@ -489,7 +493,18 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
         elif ev.get("kind") == "backend-abort":
             out.append((pb.EVENT_KIND_BACKEND_UNHEALTHY, int(ev.get("rank", t.rank)), detail))
         else:
+            first = not t.last_exception
             t.last_exception = detail
+            if first and t.exited_reported:
+                # The exit was seen before this line was read (both in one
+                # poll): the exit went up as RANK_EXITED; now say it crashed.
+                out.append(
+                    (
+                        pb.EVENT_KIND_RANK_CRASHED,
+                        t.rank,
+                        f"process gone; uncaught exception: {detail}",
+                    )
+                )
     return out
 
 

@@ -21,7 +21,9 @@ from hangwatch.wire import pb
 # Events that open an incident at once. A rank exiting is not one of them:
 # at a normal job end ranks exit while their peers' last reports still show
 # the final collective in flight. The detector's rank-lost rule (peers alive
-# and in flight, no progress for the stall timeout) catches a real crash.
+# and in flight, no progress for the stall timeout) catches a silent death;
+# a rank whose hook recorded an uncaught exception before it died arrives as
+# EVENT_KIND_RANK_CRASHED and opens a "crash" incident at once (crash_trigger).
 EVENT_TRIGGERS: Final[dict[int, str]] = {
     pb.EVENT_KIND_WATCHDOG_DUMP: "watchdog",
     pb.EVENT_KIND_COLLECTIVE_TIMEOUT: "timeout",
@@ -58,8 +60,38 @@ def fmt_ranks(ranks: list[int] | set[int]) -> str:
     return ",".join(parts)
 
 
+CRASH_MARK: Final = "uncaught exception: "
+
+
+def crash_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger:
+    """A rank died of an uncaught exception (EVENT_KIND_RANK_CRASHED): the
+    incident names the rank, how it died and the exception."""
+    how, sep, exc = ev.detail.partition(CRASH_MARK)
+    how = how.strip().rstrip(";").strip() or "process gone"
+    exc = exc.strip() if sep else ev.detail.strip()
+    key = registry.in_flight_key(ev.job_id)
+    who = f"rank {ev.rank}" if ev.rank >= 0 else "a rank"
+    reason = f"{who} crashed ({how}): uncaught exception {exc[:300]}"
+    return Trigger(
+        kind="crash",
+        reason=reason,
+        onset=registry.now() - max(0.0, ev.age_s),
+        keys=[key] if key else [],
+        info={
+            "kind": "crash",
+            "event": pb.EventKind.Name(ev.kind),
+            "rank": ev.rank,
+            "how": how,
+            "exception": exc[:2000],
+            "detail": ev.detail[:2000],
+        },
+    )
+
+
 def event_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger | None:
     """The trigger an agent's event makes, or None for events that open nothing."""
+    if ev.kind == pb.EVENT_KIND_RANK_CRASHED:
+        return crash_trigger(ev, registry)
     kind = EVENT_TRIGGERS.get(ev.kind)
     if kind is None:
         return None

@@ -42,6 +42,7 @@ from hangwatch.server.incident_finalize import (
     mark_unobserved,
     record_failure,
 )
+from hangwatch.server.incident_lifecycle import Watch, late_hint, publish_states, step
 from hangwatch.server.incident_triggers import (
     EVENT_TRIGGERS,
     STORED_DEDUPE_LOOKBACK,
@@ -109,6 +110,9 @@ class IncidentManager:
         # job -> (last incident, coordinator time it opened): while the job has
         # made no progress since, any new symptom belongs to that same hang.
         self._last: dict[str, tuple[str, float]] = {}
+        # Incidents opened in this run and not yet resolved, ended or failed
+        # (incident_lifecycle): looked at on every tick.
+        self._watch: dict[str, Watch] = {}
         self._wake = threading.Event()
         self._next_scan = float("-inf")  # registry clock: the next stall scan
         self._stop = threading.Event()
@@ -120,6 +124,7 @@ class IncidentManager:
 
     def start(self) -> None:
         self._recover()
+        self._publish()
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -212,6 +217,30 @@ class IncidentManager:
                     due.append(inc)
         for inc in due:
             self._submit(inc)
+        self._lifecycle()
+
+    def _lifecycle(self) -> None:
+        """Resolve incidents whose job progressed again; end those whose job stopped."""
+        with self._lock:
+            watches = list(self._watch.values())
+        done: list[str] = []
+        for w in watches:
+            try:
+                if step(w, registry=self.registry, store=self.store, metrics=self.metrics):
+                    done.append(w.incident_id)
+            except Exception:
+                log.exception("incident %s: lifecycle check failed", w.incident_id)
+        if done:
+            with self._lock:
+                for i in done:
+                    self._watch.pop(i, None)
+            self._publish()
+
+    def _publish(self) -> None:
+        try:
+            publish_states(self.store, self.metrics)
+        except Exception:
+            log.exception("could not count incidents by state")
 
     def _on_stalls(self, job_id: str, stalls: list[StalledGroup]) -> None:
         keys = [(s.group, s.seq) for s in stalls]
@@ -270,6 +299,14 @@ class IncidentManager:
                 ),
             )
             self._collecting[row.id] = inc
+            self._watch[row.id] = Watch(
+                incident_id=row.id,
+                job_id=job_id,
+                trigger=trigger.kind,
+                opened=now,
+                onset=inc.onset,
+                late_hint=late_hint(trigger.info),
+            )
             self._last.pop(job_id, None)
             self._last[job_id] = (row.id, now)
             while len(self._last) > LAST_INCIDENTS:  # bounded under job churn: oldest first
@@ -277,6 +314,7 @@ class IncidentManager:
             self.registry.set_open_incident(job_id, row.id)
             self.registry.mark_handled(job_id, keys, row.id)
         self.metrics.inc("hangwatch_incidents_opened_total", labels={"trigger": trigger.kind})
+        self._publish()
         log.warning(
             "incident %s opened for job %s (%s): %s", row.id, job_id, trigger.kind, trigger.reason
         )
@@ -316,6 +354,9 @@ class IncidentManager:
         finally:
             with self._idle:
                 self._collecting.pop(inc.incident_id, None)
+                w = self._watch.get(inc.incident_id)
+                if w is not None:
+                    w.outcome = "analyzed" if report is not None else "failed"
                 self._idle.notify_all()
             for agent_id in inc.asked:
                 self.registry.retire_command(inc.job_id, agent_id, inc.incident_id)
@@ -326,6 +367,8 @@ class IncidentManager:
                 self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
             if report is not None and inc.tail_context:
                 self._ask_full(inc, report)
+            self._publish()
+            self._wake.set()  # the lifecycle check may now close it
 
     def _finalize_inner(self, inc: Collection) -> Report:
         bundle = self.store.incident_dir(inc.incident_id)

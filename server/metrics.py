@@ -27,6 +27,18 @@ HELP: Final = {
         "Incidents analysed or failed, by verdict and trigger.",
     ),
     "hangwatch_incidents_opened_total": ("counter", "Incidents opened, by trigger."),
+    "hangwatch_incidents_by_state": (
+        "gauge",
+        "Stored incidents by state (collecting, analyzed, resolved, ended, failed).",
+    ),
+    "hangwatch_incidents_open": (
+        "gauge",
+        "Incidents still open (collecting or analyzed); resolved and ended ones do not count.",
+    ),
+    "hangwatch_incident_transitions_total": (
+        "counter",
+        "Incidents entering a state (resolved, ended, ...), by state and trigger.",
+    ),
     "hangwatch_detection_seconds": ("histogram", "From stall onset to verdict stored."),
     "hangwatch_analysis_seconds": ("histogram", "Analyzer wall time per incident."),
     "hangwatch_grpc_requests_total": ("counter", "gRPC calls handled, by method and status code."),
@@ -96,6 +108,11 @@ class Metrics:
             series = self._counters.setdefault(name, {})
             key = _labels(labels)
             series[key] = series.get(key, 0.0) + value
+
+    def set(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        """A gauge: the series takes `value` (HELP gives it its type)."""
+        with self._lock:
+            self._counters.setdefault(name, {})[_labels(labels)] = float(value)
 
     def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
         with self._lock:

@@ -43,7 +43,7 @@ from hangwatch.server.views import (
     job_snapshot,
 )
 
-from hangwatch.wire import pb
+from hangwatch.wire import EXITED_PROCESS_STATES, pb
 
 __all__ = [
     "EVENT_RING",
@@ -265,7 +265,8 @@ class JobRegistry:
             agent.last_report = now
             agent.lost = False
             job.events.append((now, ev))
-            if ev.kind == pb.EVENT_KIND_RANK_EXITED and ev.rank in job.ranks:
+            exited = (pb.EVENT_KIND_RANK_EXITED, pb.EVENT_KIND_RANK_CRASHED)
+            if ev.kind in exited and ev.rank in job.ranks:
                 job.ranks[ev.rank].process_state = "gone"
 
     # ---- command streams ------------------------------------------------------
@@ -356,6 +357,29 @@ class JobRegistry:
         with self._lock:
             job = self._jobs.get(job_id)
             return job is not None and job.last_progress > t
+
+    def last_progress(self, job_id: str) -> float | None:
+        """Coordinator time any rank of the job last completed more, if ever."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job.last_progress if job is not None and job.last_progress > 0 else None
+
+    def job_stopped(self, job_id: str) -> str | None:
+        """Why the job is over, or None while any of its ranks may still run:
+        every rank it registered (at least world_size of them) has exited, or
+        every agent of it is lost. The coordinator forgetting the job counts too."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return "the coordinator no longer tracks the job"
+            if not job.ranks:
+                return None
+            if job.agents and all(a.lost for a in job.agents.values()):
+                return "every agent of the job is gone"
+            enough = len(job.ranks) >= (job.world_size or 0)
+            if enough and all(r.process_state in EXITED_PROCESS_STATES for r in job.ranks.values()):
+                return "every rank of the job exited"
+            return None
 
     def set_open_incident(self, job_id: str, incident_id: str | None) -> None:
         with self._lock:

@@ -26,13 +26,26 @@ from hangwatch.analyzer.report import Report
 DB_FILE: Final = "hangwatch.db"
 INCIDENTS_DIR: Final = "incidents"
 
-TRIGGERS: Final = ("stall", "watchdog", "timeout", "rank-lost", "agent-lost")
-STATUSES: Final = ("collecting", "analyzed", "failed")
+TRIGGERS: Final = (
+    "stall",
+    "watchdog",
+    "timeout",
+    "rank-lost",
+    "agent-lost",
+    "backend-unhealthy",
+    "crash",
+)
+# collecting -> analyzed -> resolved (the stall cleared by itself: a transient
+# stall) or ended (the job stopped with it unresolved); failed: finalizing
+# raised. See docs/operations.md, "Incident states".
+STATUSES: Final = ("collecting", "analyzed", "resolved", "ended", "failed")
+# Statuses of incidents that still need someone: not resolved, ended or failed.
+OPEN_STATUSES: Final = ("collecting", "analyzed")
 
 # Incident ids name directories, so they are restricted to a safe alphabet.
 INCIDENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id      TEXT PRIMARY KEY,
@@ -57,10 +70,23 @@ CREATE TABLE IF NOT EXISTS incidents (
     error              TEXT,
     updated            REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS incidents_status ON incidents (status);
 CREATE INDEX IF NOT EXISTS incidents_job_created ON incidents (job_id, created);
 CREATE INDEX IF NOT EXISTS incidents_created ON incidents (created);
 CREATE INDEX IF NOT EXISTS incidents_verdict ON incidents (verdict);
 """
+# Columns added after version 1, added to older databases on open (ALTER TABLE
+# ADD COLUMN: existing rows get the default). Never removed or renamed.
+_ADDED_COLUMNS: Final = (
+    # unix seconds the incident was resolved or ended
+    ("closed_at", "REAL"),
+    # resolved: seconds from the stall's onset to the job's progress resuming
+    ("stall_s", "REAL"),
+    # resolved: the ranks that were late (the incident's lagging ranks)
+    ("late_ranks", "TEXT NOT NULL DEFAULT '[]'"),
+    # resolved/ended: what closed it, for people
+    ("close_reason", "TEXT"),
+)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -83,6 +109,20 @@ class IncidentRow:
     report: Report | None = None
     error: str | None = None
     updated: float = 0.0  # unix seconds of the last change
+    closed_at: float | None = None  # unix seconds it became resolved or ended
+    stall_s: float | None = None  # resolved: onset to progress resuming
+    late_ranks: list[int] = field(default_factory=list)  # resolved: who was late
+    close_reason: str | None = None  # resolved/ended: what closed it
+
+    @property
+    def is_open(self) -> bool:
+        """Still needs someone: collecting or analyzed (a hang nobody cleared)."""
+        return self.status in OPEN_STATUSES
+
+    @property
+    def transient(self) -> bool:
+        """A stall that cleared by itself."""
+        return self.status == "resolved"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -142,6 +182,10 @@ class IncidentStore:
                 f"{self.path} has schema version {version}; this hangwatch knows {_SCHEMA_VERSION}"
             )
         self._db.executescript(_SCHEMA)
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)").fetchall()}
+        for name, decl in _ADDED_COLUMNS:
+            if name not in have:
+                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {decl}")
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._closed = False
 
@@ -244,6 +288,36 @@ class IncidentStore:
     def fail_incident(self, incident_id: str, *, error: str) -> IncidentRow:
         return self._update(incident_id, status="failed", error=error)
 
+    def resolve_incident(
+        self,
+        incident_id: str,
+        *,
+        stall_s: float | None,
+        late_ranks: Iterable[int],
+        reason: str,
+        closed_at: float | None = None,
+    ) -> IncidentRow:
+        """The stall cleared by itself: the incident becomes `resolved`."""
+        return self._update(
+            incident_id,
+            status="resolved",
+            closed_at=time.time() if closed_at is None else closed_at,
+            stall_s=stall_s,
+            late_ranks=_ranks(late_ranks),
+            close_reason=reason,
+        )
+
+    def end_incident(
+        self, incident_id: str, *, reason: str, closed_at: float | None = None
+    ) -> IncidentRow:
+        """The job stopped with the incident unresolved: it becomes `ended`."""
+        return self._update(
+            incident_id,
+            status="ended",
+            closed_at=time.time() if closed_at is None else closed_at,
+            close_reason=reason,
+        )
+
     def _update(self, incident_id: str, **cols: Any) -> IncidentRow:
         cols["updated"] = time.time()
         assignments = ", ".join(f"{k} = ?" for k in cols)
@@ -323,6 +397,16 @@ class IncidentStore:
             ).fetchall()
         return {r["k"]: r["n"] for r in rows}
 
+    def count_by_status(self) -> dict[str, int]:
+        """Incidents per status; every status in STATUSES is present."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT status, COUNT(*) AS n FROM incidents GROUP BY status"
+            ).fetchall()
+        out = dict.fromkeys(STATUSES, 0)
+        out.update({r["status"]: r["n"] for r in rows})
+        return out
+
     def journal_mode(self) -> str:
         with self._lock:
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
@@ -353,4 +437,8 @@ def _row(r: sqlite3.Row) -> IncidentRow:
         report=report,
         error=r["error"],
         updated=r["updated"],
+        closed_at=r["closed_at"],
+        stall_s=r["stall_s"],
+        late_ranks=list(json.loads(r["late_ranks"] or "[]")),
+        close_reason=r["close_reason"],
     )

@@ -24,6 +24,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_RANK_EXITED: _ClassVar[EventKind]
     EVENT_KIND_RANK_UNRESPONSIVE: _ClassVar[EventKind]
     EVENT_KIND_BACKEND_UNHEALTHY: _ClassVar[EventKind]
+    EVENT_KIND_RANK_CRASHED: _ClassVar[EventKind]
 
 class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,6 +43,7 @@ EVENT_KIND_COLLECTIVE_TIMEOUT: EventKind
 EVENT_KIND_RANK_EXITED: EventKind
 EVENT_KIND_RANK_UNRESPONSIVE: EventKind
 EVENT_KIND_BACKEND_UNHEALTHY: EventKind
+EVENT_KIND_RANK_CRASHED: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_DUMP: CommandKind
 COMMAND_KIND_UPLOAD_FULL: CommandKind

@@ -1,0 +1,231 @@
+"""Incident states after the verdict, on the fake clock: resolved, ended, crash.
+
+The real registry, incident manager and SQLite store, with the harness of
+test_fake_clock (agents played by feeding real protobuf messages; only the
+analysis is stood in for).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hangwatch.server.store import IncidentStore
+
+from hangwatch.wire import pb
+
+from . import test_fake_clock
+from .test_fake_clock import JOB, STALL, Env, _stall_pattern
+
+env = test_fake_clock.env  # its fixture: real registry, manager and store on a FakeClock
+
+EXC = "RuntimeError: rank 1: corrupt sample in batch 10"
+
+
+def _event(env: Env, node: str, kind: pb.EventKind, rank: int, detail: str) -> str:
+    n = env.a if node == "a" else env.b
+    ev = pb.Event(
+        job_id=JOB, agent_id=n.agent_id, session_id=n.session, kind=kind, rank=rank, detail=detail
+    )
+    env.registry.record_event(ev)
+    return env.manager.on_event(ev)
+
+
+def _answer_all(env: Env, incident_id: str) -> None:
+    assert env.a.answer(env.manager, incident_id)
+    assert env.b.answer(env.manager, incident_id)
+    env.manager.tick()
+    assert env.finalized(incident_id).status == "analyzed"
+
+
+def _open_stall(env: Env) -> str:
+    _stall_pattern(env, seq=5)  # ranks 0-2 in #5, rank 3 not entered (it is evaluating)
+    env.clock.advance(STALL)
+    env.manager.tick()
+    row = env.only_incident()
+    assert (row.status, row.trigger) == ("collecting", "stall")
+    return row.id
+
+
+@pytest.mark.timeout(20)
+def test_a_stall_that_completes_is_resolved_with_its_duration_and_late_ranks(env: Env) -> None:
+    first = _open_stall(env)
+    assert env.metrics.counter("hangwatch_incidents_open") == 1
+    _answer_all(env, first)
+    env.manager.tick()
+    assert env.only_incident().status == "analyzed"  # no progress yet: still a hang
+    # Rank 3 finishes its evaluation 2 s later: #5 completes everywhere.
+    env.clock.advance(2)
+    env.a.report({0: (5, 5), 1: (5, 5)})
+    env.b.report({2: (5, 5), 3: (5, 5)})
+    env.clock.advance(0.5)
+    env.manager.tick()
+    row = env.only_incident()
+    assert row.status == "resolved" and row.transient and not row.is_open
+    assert row.stall_s == pytest.approx(STALL + 2)
+    assert row.late_ranks == [3]  # the incident's lagging ranks
+    assert row.verdict == "hang"  # the verdict of the moment is kept
+    assert row.close_reason == "progress resumed 12.0s after the stall began; late: ranks 3"
+    assert row.closed_at is not None  # unix time; the fake clock is not wall time
+    # It raises no page: not counted as open; counted as resolved.
+    assert env.metrics.counter("hangwatch_incidents_open") == 0
+    assert env.metrics.counter("hangwatch_incidents_by_state", {"state": "resolved"}) == 1
+    assert (
+        env.metrics.counter(
+            "hangwatch_incident_transitions_total", {"state": "resolved", "trigger": "stall"}
+        )
+        == 1
+    )
+    # The job trains on and ends normally: the resolved incident stays resolved.
+    for node, ranks in ((env.a, [0, 1]), (env.b, [2, 3])):
+        for r in ranks:
+            _event(env, "a" if node is env.a else "b", pb.EVENT_KIND_RANK_EXITED, r, "process gone")
+    env.clock.advance(STALL)
+    env.manager.tick()
+    assert env.only_incident().status == "resolved"
+
+
+@pytest.mark.timeout(20)
+def test_progress_while_still_collecting_resolves_once_the_verdict_is_stored(env: Env) -> None:
+    first = _open_stall(env)
+    env.clock.advance(1)
+    env.a.report({0: (5, 5), 1: (5, 5)})
+    env.b.report({2: (5, 5), 3: (5, 5)})
+    env.clock.advance(3)
+    env.manager.tick()  # noticed now, but the verdict is not stored yet
+    assert env.only_incident().status == "collecting"
+    _answer_all(env, first)
+    env.manager.tick()
+    row = env.only_incident()
+    assert row.status == "resolved"
+    assert row.stall_s == pytest.approx(STALL + 1)  # when progress resumed, not when seen
+
+
+@pytest.mark.timeout(20)
+def test_a_job_whose_ranks_all_exit_with_the_incident_open_ends_it(env: Env) -> None:
+    first = _open_stall(env)
+    _answer_all(env, first)
+    env.clock.advance(5)
+    for r in (0, 1):
+        _event(env, "a", pb.EVENT_KIND_RANK_EXITED, r, "process gone")
+    _event(env, "b", pb.EVENT_KIND_RANK_EXITED, 2, "process gone")
+    env.manager.tick()
+    assert env.only_incident().status == "analyzed"  # rank 3 still runs
+    _event(env, "b", pb.EVENT_KIND_RANK_EXITED, 3, "process gone")
+    env.manager.tick()
+    row = env.only_incident()
+    assert (row.status, row.is_open, row.transient) == ("ended", False, False)
+    assert row.close_reason == "the job stopped: every rank of the job exited"
+    assert row.stall_s is None and row.closed_at is not None
+    assert env.metrics.counter("hangwatch_incidents_open") == 0
+    assert env.metrics.counter("hangwatch_incidents_by_state", {"state": "ended"}) == 1
+
+
+@pytest.mark.timeout(20)
+def test_every_agent_gone_ends_the_incident(env: Env) -> None:
+    first = _open_stall(env)
+    _answer_all(env, first)
+    env.clock.advance(31)  # past the lost-agent timeout, nobody reports
+    env.manager.tick()
+    row = env.only_incident()
+    assert row.status == "ended"
+    assert row.close_reason == "the job stopped: every agent of the job is gone"
+
+
+@pytest.mark.timeout(20)
+def test_a_crash_opens_a_crash_incident_with_the_exception_and_dumps_the_survivors(
+    env: Env,
+) -> None:
+    env.a.report({0: (9, 9), 1: (9, 9)})
+    env.b.report({2: (9, 9), 3: (9, 9)})
+    env.clock.advance(1)
+    first = _event(
+        env, "a", pb.EVENT_KIND_RANK_CRASHED, 1, f"process gone; uncaught exception: {EXC}"
+    )
+    assert first
+    row = env.only_incident()
+    assert row.trigger == "crash" and row.status == "collecting"
+    assert row.reason == f"rank 1 crashed (process gone): uncaught exception {EXC}"
+    # Every agent is asked to dump, as for any incident.
+    assert [c.incident_id for c in env.a.commands()] == [first]
+    assert [c.incident_id for c in env.b.commands()] == [first]
+    # The survivors then hang in #10 without rank 1: the same incident.
+    env.a.report({0: (10, 9)})
+    env.b.report({2: (10, 9), 3: (10, 9)})
+    env.clock.advance(STALL)
+    env.manager.tick()
+    assert env.a.answer(env.manager, first, dumped=[0], failures={1: "process gone"})
+    assert env.b.answer(env.manager, first)
+    env.manager.tick()
+    done = env.finalized(first)
+    assert done.status == "analyzed" and done.ranks_unreachable == {1: "process gone"}
+    env.clock.advance(STALL)
+    env.manager.tick()
+    assert len(env.store.list_incidents(job_id=JOB)) == 1
+    # Other ranks crashing too, with no progress since: the same incident.
+    assert (
+        _event(env, "b", pb.EVENT_KIND_RANK_CRASHED, 2, f"process gone; uncaught exception: {EXC}")
+        == first
+    )
+    # The launcher kills the survivors: the incident ends, it never resolves.
+    for r in (0,):
+        _event(env, "a", pb.EVENT_KIND_RANK_EXITED, r, "process gone")
+    _event(env, "b", pb.EVENT_KIND_RANK_EXITED, 3, "process gone")
+    env.manager.tick()
+    row = env.only_incident()
+    assert (row.status, row.trigger) == ("ended", "crash")
+    assert env.store.incident_dir(first).joinpath("incident.json").read_text().count(EXC) >= 1
+
+
+@pytest.mark.timeout(20)
+def test_a_normal_exit_of_every_rank_opens_no_incident(env: Env) -> None:
+    env.a.report({0: (20, 20), 1: (20, 20)})
+    env.b.report({2: (20, 20), 3: (20, 19)})  # rank 3's last report still in flight
+    env.clock.advance(0.5)
+    for r in (0, 1):
+        assert _event(env, "a", pb.EVENT_KIND_RANK_EXITED, r, "process gone") == ""
+    for r in (2, 3):
+        assert _event(env, "b", pb.EVENT_KIND_RANK_EXITED, r, "process gone") == ""
+    for _ in range(4):
+        env.clock.advance(STALL)
+        env.manager.tick()
+    assert env.store.list_incidents(job_id=JOB) == []
+    assert env.metrics.counter("hangwatch_incidents_open") == 0
+
+
+@pytest.mark.timeout(20)
+def test_an_old_database_opens_and_gains_the_lifecycle_columns(tmp_path: Path) -> None:
+    db = tmp_path / "hangwatch.db"
+    old = sqlite3.connect(db)
+    old.executescript(
+        """
+        CREATE TABLE jobs (job_id TEXT PRIMARY KEY, first_seen REAL NOT NULL,
+                           last_seen REAL NOT NULL);
+        CREATE TABLE incidents (
+            id TEXT PRIMARY KEY, job_id TEXT NOT NULL, created REAL NOT NULL,
+            reason TEXT NOT NULL, trigger TEXT NOT NULL, status TEXT NOT NULL,
+            verdict TEXT, summary TEXT, lagging_ranks TEXT NOT NULL DEFAULT '[]',
+            ranks_expected TEXT NOT NULL DEFAULT '[]', ranks_dumped TEXT NOT NULL DEFAULT '[]',
+            ranks_unreachable TEXT NOT NULL DEFAULT '{}', detection_s REAL, report TEXT,
+            error TEXT, updated REAL NOT NULL);
+        INSERT INTO incidents (id, job_id, created, reason, trigger, status, updated)
+            VALUES ('20240101T000000Z-abcd0123', 'j', 1.0, 'old', 'stall', 'analyzed', 1.0);
+        PRAGMA user_version=1;
+        """
+    )
+    old.close()
+    store = IncidentStore(db)
+    try:
+        [row] = store.list_incidents()
+        assert (row.status, row.late_ranks, row.closed_at, row.stall_s) == (
+            "analyzed",
+            [],
+            None,
+            None,
+        )
+        done = store.resolve_incident(row.id, stall_s=3.0, late_ranks=[2], reason="r")
+        assert (done.status, done.late_ranks, done.stall_s) == ("resolved", [2], 3.0)
+        assert store.count_by_status()["resolved"] == 1
+    finally:
+        store.close()
