@@ -99,7 +99,7 @@ def build(report: Report, info: IncidentInfo | None = None) -> IncidentView:
     # Ranks with no stacks or that the graph/report names as roots also deserve
     # a card when the analyzer named no laggard (e.g. a p2p deadlock under gloo).
     focus = sorted(lagging_set)
-    graph = waitgraph.build(report.waits_for)
+    graph = waitgraph.build(report)
     if not focus:
         focus = graph.roots
     lagging = [_card(r, report.evidence.get(r)) for r in focus]
