@@ -47,11 +47,17 @@ def incident_summary(row: IncidentRow) -> schemas.IncidentSummary:
         job=row.job_id,
         created=row.created,
         status=row.status,
+        open=row.is_open,
+        transient=row.transient,
         trigger=row.trigger,
         verdict=row.verdict,
         summary=row.summary,
         lagging_ranks=row.lagging_ranks,
         detection_s=row.detection_s,
+        closed_at=row.closed_at,
+        stall_s=row.stall_s,
+        late_ranks=row.late_ranks,
+        close_reason=row.close_reason,
     )
 
 
@@ -142,7 +148,9 @@ def api_incidents(
     verdict: Annotated[
         str | None, Query(description="hang, mismatch, healthy, no-culprit-visible or unknown.")
     ] = None,
-    status: Annotated[str | None, Query(description="collecting, analyzed or failed.")] = None,
+    status: Annotated[
+        str | None, Query(description="collecting, analyzed, resolved, ended or failed.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
 ) -> list[schemas.IncidentSummary]:
     """Incidents, newest first."""

@@ -6,13 +6,17 @@ one view model, so the two can never disagree about what an incident says.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hangwatch.analyzer.report import Finding, RankEvidence, Report
 from hangwatch.server.web import timeline, waitgraph
 from markupsafe import Markup
+
+if TYPE_CHECKING:
+    from hangwatch.server.store import IncidentRow
 
 VERDICT_TEXT = {
     "hang": "Hang",
@@ -34,6 +38,24 @@ class IncidentInfo:
     reason: str = ""
     ranks_unreachable: dict[int, str] = field(default_factory=dict)
     detection_latency_s: float | None = None
+    # The lifecycle after the verdict (store.IncidentRow): resolved or ended.
+    closed_unix: float | None = None
+    stall_s: float | None = None
+    late_ranks: list[int] = field(default_factory=list)
+    close_reason: str = ""
+    trigger: str = ""
+
+
+def with_lifecycle(info: IncidentInfo, row: IncidentRow) -> IncidentInfo:
+    """`info` with what the lifecycle recorded (when and why it closed)."""
+    return dataclasses.replace(
+        info,
+        closed_unix=row.closed_at,
+        stall_s=row.stall_s,
+        late_ranks=list(row.late_ranks),
+        close_reason=row.close_reason or "",
+        trigger=row.trigger,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from hangwatch.server.store import OPEN_STATUSES, STATUSES
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
 from hangwatch.server.web.templating import environment
@@ -16,7 +17,6 @@ from hangwatch.server.web.templating import environment
 router = APIRouter(include_in_schema=False)
 
 VERDICTS = ("hang", "mismatch", "healthy", "no-culprit-visible", "unknown")
-STATUSES = ("collecting", "analyzed", "failed")
 MAX_FORM_BYTES = 8192
 
 
@@ -79,6 +79,11 @@ def _local_input(unix: float | None) -> str:
     return _dt.datetime.fromtimestamp(unix, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M")
 
 
+def _state_counts(by_status: dict[str, int]) -> dict[str, int]:
+    """Per state, plus "open": only collecting and analyzed ones need someone."""
+    return {**by_status, "open": sum(by_status.get(s, 0) for s in OPEN_STATUSES)}
+
+
 @router.get("/incidents", response_class=HTMLResponse)
 def incidents_page(
     request: Request,
@@ -115,6 +120,7 @@ def incidents_page(
         jobs=jobs,
         verdicts=VERDICTS,
         statuses=STATUSES,
+        counts=_state_counts(ctx.store.count_by_status()),
         error=error,
     )
 
@@ -127,7 +133,7 @@ def incident_page(incident_id: str, request: Request) -> HTMLResponse:
         return render(
             request, "error.html", status_code=404, message=f"Unknown incident {incident_id!r}."
         )
-    info = info_from_row(row)
+    info = incident_view.with_lifecycle(info_from_row(row), row)
     if row.report is None:
         return render(request, "incident_pending.html", row=row, info=info)
     view = incident_view.build(row.report, info)

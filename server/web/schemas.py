@@ -114,12 +114,30 @@ class IncidentSummary(BaseModel):
     id: str
     job: str
     created: float = Field(description="Unix seconds.")
-    status: str = Field(description="collecting | analyzed | failed")
+    status: str = Field(
+        description=(
+            "collecting | analyzed | resolved | ended | failed. resolved: the stall cleared"
+            " by itself (a transient stall); ended: the job stopped with it unresolved"
+        )
+    )
+    open: bool = Field(
+        False,
+        description="Still needs someone: collecting or analyzed (not resolved/ended/failed).",
+    )
+    transient: bool = Field(False, description="Resolved: a stall that cleared by itself.")
     trigger: str
     verdict: str | None = None
     summary: str | None = None
     lagging_ranks: list[int] = Field(default_factory=list)
     detection_s: float | None = None
+    closed_at: float | None = Field(None, description="Unix seconds it was resolved or ended.")
+    stall_s: float | None = Field(
+        None, description="Resolved: seconds from the stall's onset to progress resuming."
+    )
+    late_ranks: list[int] = Field(
+        default_factory=list, description="Resolved: the ranks that were late."
+    )
+    close_reason: str | None = Field(None, description="Resolved/ended: what closed it.")
 
 
 class IncidentDetail(IncidentSummary):

@@ -194,9 +194,20 @@
         td(verdict),
         td(i.summary || ""),
         td(i.lagging_ranks.length ? ranges(i.lagging_ranks, 4) : "-"),
-        td(el("span", i.status, "badge badge-" + i.status)),
+        td(statusCell(i)),
       ];
     });
+  }
+
+  // resolved: a transient stall that cleared by itself; ended: the job stopped.
+  function statusCell(i) {
+    const badge = el("span", i.status, "badge badge-" + i.status);
+    if (i.close_reason) badge.title = i.close_reason;
+    if (i.status !== "resolved") return badge;
+    const wrap = document.createElement("span");
+    const note = "transient" + (i.stall_s === null || i.stall_s === undefined ? "" : ", " + age(i.stall_s));
+    wrap.append(badge, " ", el("span", note, "muted"));
+    return wrap;
   }
 
   function incidentsQuery() {
