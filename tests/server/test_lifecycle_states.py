@@ -229,3 +229,37 @@ def test_an_old_database_opens_and_gains_the_lifecycle_columns(tmp_path: Path) -
         assert store.count_by_status()["resolved"] == 1
     finally:
         store.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_api_and_dashboard_show_a_resolved_incident_as_transient_not_open(
+    tmp_path: Path,
+) -> None:
+    import httpx
+    from hangwatch.server.web.app import create_app
+
+    from tests.web import harness
+
+    ctx = harness.make_context(tmp_path)
+    try:
+        report = harness.hang_report(world=4, stuck=3)
+        resolved = harness.insert_incident(ctx, job="j", report=report)
+        ended = harness.insert_incident(ctx, job="j", report=report)
+        ctx.store.resolve_incident(
+            resolved, stall_s=12.0, late_ranks=[3], reason="progress resumed 12.0s after"
+        )
+        ctx.store.end_incident(ended, reason="the job stopped: every rank of the job exited")
+        with harness.serve(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=10) as c:
+            body = c.get(f"/api/incidents/{resolved}").json()
+            assert (body["status"], body["open"], body["transient"]) == ("resolved", False, True)
+            assert (body["stall_s"], body["late_ranks"]) == (12.0, [3])
+            assert c.get(f"/api/incidents/{ended}").json()["status"] == "ended"
+            assert [i["id"] for i in c.get("/api/incidents?status=resolved").json()] == [resolved]
+            page = c.get("/incidents").text
+            assert "<strong>0</strong> open" in page and "1 resolved" in page
+            assert "transient, 12.0 s" in page
+            one = c.get(f"/incidents/{resolved}").text
+            assert "transient stall: it cleared by itself" in one and "12.0 s" in one
+            assert "the job stopped with it unresolved" in c.get(f"/incidents/{ended}").text
+    finally:
+        ctx.store.close()
