@@ -75,6 +75,7 @@ def _diagnose(
         stalled = stalled_for(scope, best.group, best.seq, best.kind, best)
         roots_found = fnd.root_findings(scope, blamed, cycles, waits, p2p.blocked)
         found += roots_found
+        found += fnd.unblamed_missing_findings(scope, d.lagging)
         summary = wording.hang_summary(
             groups,
             roots=blamed,
@@ -85,6 +86,7 @@ def _diagnose(
                 {f.group for f in roots_found if f.kind == "cross-group-deadlock" and f.group}
             ),
             targeted=targeted,
+            no_dump=set(blamed) - scope.dumped,
         )
     else:
         found += fnd.no_culprit_findings(scope, blocked_any=d.blocked_any, incident=d.incident)

@@ -68,6 +68,15 @@ def root_findings(
     return out
 
 
+def unblamed_missing_findings(scope: Scope, lagging: list[int]) -> list[Finding]:
+    """Ranks without a dump that the verdict does not blame: said, so that
+    nobody reads their absence from the blame as evidence of their health."""
+    ranks = sorted(set(scope.missing) - set(lagging))
+    if not ranks:
+        return []
+    return [Finding(kind="missing-dump", ranks=ranks, detail=wording.unblamed_missing(ranks))]
+
+
 def no_culprit_findings(scope: Scope, *, blocked_any: bool, incident: bool) -> list[Finding]:
     """What can be said when nobody waits on a rank that is behind."""
     out: list[Finding] = []

@@ -47,10 +47,12 @@ def render(report: Report, console: Console) -> None:
         t.add_row("entered", rank_list(sc.entered_ranks))
         if sc.completed_ranks:
             t.add_row("completed", rank_list(sc.completed_ranks))
-        t.add_row(
-            "never entered",
-            Text(rank_list(sc.missing_ranks), style="red" if sc.missing_ranks else ""),
-        )
+        # A member without a dump is not known to have never entered: say "no dump".
+        nodump = sorted(set(sc.missing_ranks) & set(report.ranks_missing))
+        never = [r for r in sc.missing_ranks if r not in nodump]
+        t.add_row("never entered", Text(rank_list(never), style="red" if never else ""))
+        if nodump:
+            t.add_row("no dump", Text(rank_list(nodump), style="yellow"))
         if sc.input_sizes:
             t.add_row("sizes / dtypes", f"{sc.input_sizes} {','.join(sc.dtypes)}")
         console.print(Panel(t, title="stalled collective", expand=False))

@@ -74,10 +74,11 @@ def collective_waits(scope: Scope) -> list[Wait]:
         known = e.reindex(sorted(members - waiters))
         behind = {int(r) for r, v in known.items() if not np.isnan(v) and v < s}
         missing = {r for r in members if r not in scope.dumped and r in scope.universe}
-        # Ranks outside --selected-ranks are unknown, not missing. An
-        # unobserved rank is blamed only when no observed member explains
-        # the wait: never beside a rank the dumps show never entered.
-        targets = behind | (missing - scope.unobserved if behind else missing)
+        # Ranks outside --selected-ranks are unknown, not missing. A rank
+        # with no dump (absent, unreadable, its agent unreachable) proves
+        # nothing: it is blamed only when no member with a dump explains
+        # the wait, never beside a rank the dumps show never entered.
+        targets = behind if behind else missing
         info = first_entry.get((g, s), {})
         waits.append(
             Wait(

@@ -64,11 +64,14 @@ def hang_summary(
     sc: StalledCollective,
     deadlock_groups: list[str],
     targeted: list[Wait],
+    no_dump: set[int] | frozenset[int] = frozenset(),
 ) -> str:
     """The hang verdict's sentence.
 
     `roots` are the blamed ranks, `deadlock_groups` the groups of the
-    cross-group-deadlock findings, `targeted` every wait that waits on someone.
+    cross-group-deadlock findings, `targeted` every wait that waits on someone,
+    `no_dump` the ranks without a readable dump: of those the sentence says
+    only that (their dumps prove nothing), never that they never entered.
     """
     g = gname(groups, best.group)
     if cycles:
@@ -91,14 +94,23 @@ def hang_summary(
             else f"Ranks {rank_list(c)} wait on each other in a cycle."
         )
     blamed = sorted(best.targets & set(roots))
+    proven = [r for r in blamed if r not in no_dump]
+    unseen = [r for r in blamed if r in no_dump]
     others = sorted(set(roots) - set(blamed))
-    who = ranks_word(blamed)
     verb = "never entered" if best.kind == "collective" else "never posted the peer op for"
     what = f"{sc.op or best.op or 'collective'} #{best.seq} in group {g}"
-    tail = f"; {ranks_lower(sorted(best.waiters))} {'is' if len(best.waiters) == 1 else 'are'} waiting in it."
-    s = f"{who} {verb} {what}{tail}"
+    waiters = sorted(best.waiters)
+    are = "is" if len(waiters) == 1 else "are"
+    if proven:
+        nodump = f" (no dump from {ranks_lower(unseen)})" if unseen else ""
+        s = f"{ranks_word(proven)} {verb} {what}{nodump}; {ranks_lower(waiters)} {are} waiting in it."
+    else:
+        s = f"No dump from {ranks_lower(unseen)}, which {ranks_lower(waiters)} {are} waiting on in {what}."
     if others:
-        s = s[:-1] + f" (also lagging: {rank_list(others)})."
+        lag = [r for r in others if r not in no_dump]
+        nd = [r for r in others if r in no_dump]
+        parts = ([rank_list(lag)] if lag else []) + ([f"no dump from {rank_list(nd)}"] if nd else [])
+        s = s[:-1] + f" (also lagging: {'; '.join(parts)})."
     behind = set().union(*(w.waiters for w in targeted)) - set(best.waiters) - set(roots)
     if behind:
         s = (
@@ -149,6 +161,13 @@ BUFFER_WRAPPED = (
 
 def unwaited_missing(missing: list[int]) -> str:
     return f"no dump from {ranks_word(missing)}; nobody with a dump is waiting on them"
+
+
+def unblamed_missing(missing: list[int]) -> str:
+    return (
+        f"no dump from {ranks_lower(missing)} (absent or unreadable); not blamed: "
+        "the ranks with dumps explain the stall, and nothing is known of these"
+    )
 
 
 def no_collective_in_flight(gloo: bool) -> str:

@@ -1,0 +1,83 @@
+"""Verdicts an on-call engineer can trust: blame only what the dumps prove,
+name the collective the waiting majority is in, never call a visible hang
+healthy (torch-free: synthetic dumps and copies of the golden dumps)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from hangwatch.analyzer import analyze_path
+from tests.analyzer.fr_dumps import SimJob
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def _golden(tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    shutil.copytree(GOLDEN / name, d)
+    return d
+
+
+def _truncate_dump(rank_dir: Path) -> None:
+    for f in rank_dir.iterdir():
+        if f.name not in ("meta.json", "stacks.txt"):
+            f.write_bytes(f.read_bytes()[:50])
+
+
+# ---------- 1. blame only what the dumps prove ----------
+
+
+def test_missing_rank_is_no_dump_in_the_headline(tmp_path: Path) -> None:
+    job = SimJob(4)
+    for _ in range(5):
+        job.all("0")
+    job.all("0", ranks=[0, 1, 2], done=False)
+    job.write(tmp_path, ranks=[0, 1, 2])  # rank 3: no dump
+    rep = analyze_path(tmp_path, world_size=4)
+    assert rep.verdict == "hang" and rep.lagging_ranks == [3]
+    assert "never entered" not in rep.summary
+    assert rep.summary == (
+        "No dump from rank 3, which ranks 0-2 are waiting on in all_reduce #6 "
+        "in group 0 (default_pg)."
+    )
+    assert any(f.kind == "missing-dump" and f.ranks == [3] for f in rep.findings)
+
+
+def test_unreadable_dump_is_no_dump_in_the_headline(tmp_path: Path) -> None:
+    job = SimJob(4)
+    for _ in range(5):
+        job.all("0")
+    job.all("0", ranks=[0, 1, 2], done=False)
+    job.write(tmp_path)
+    (tmp_path / "nccl_trace_rank_3").write_bytes(b"\x80\x04garbage")
+    rep = analyze_path(tmp_path)
+    assert rep.errors and rep.ranks_missing == [3]
+    assert rep.verdict == "hang" and rep.lagging_ranks == [3]
+    assert rep.summary.startswith("No dump from rank 3")
+    assert "never entered" not in rep.summary
+
+
+def test_truncated_innocent_peer_is_not_blamed_beside_the_culprit(tmp_path: Path) -> None:
+    # golden "compute": rank 2 is stuck in compute; rank 1's dump is truncated.
+    d = _golden(tmp_path, "compute")
+    _truncate_dump(d / "rank_1")
+    rep = analyze_path(d)
+    assert rep.errors and 1 in rep.ranks_missing
+    assert rep.verdict == "hang" and rep.lagging_ranks == [2]
+    assert rep.summary.startswith("Rank 2 never entered all_reduce #10")
+    assert "no dump" not in rep.summary and "Ranks" not in rep.summary
+    # Its absence is said, not blamed.
+    f = next(f for f in rep.findings if f.kind == "missing-dump")
+    assert f.ranks == [1] and "not blamed" in f.detail
+
+
+def test_no_dump_ranks_are_blamed_when_no_dump_explains_the_stall(tmp_path: Path) -> None:
+    # golden "gil": rank 2 has no dump; truncate rank 0's too: nobody with a
+    # dump is behind, so the stall rests on the ranks without one.
+    d = _golden(tmp_path, "gil")
+    _truncate_dump(d / "rank_0")
+    rep = analyze_path(d)
+    assert rep.verdict == "hang" and rep.lagging_ranks == [0, 2]
+    assert rep.summary.startswith("No dump from ranks 0,2, which ranks 1,3 are waiting on")
