@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from types import FrameType, TracebackType
+from types import FrameType
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -57,11 +57,6 @@ class ShutdownSignals:
             self._previous[s] = signal.signal(s, self._handle)
         return self.stop
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)  # type: ignore[arg-type]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ipaddress
 import logging
 import threading
 from pathlib import Path
@@ -26,15 +25,6 @@ from hangwatch.config import Config
 from hangwatch.wire import rpc
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def hostport(host: str, port: int) -> str:

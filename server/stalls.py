@@ -7,6 +7,7 @@ their completed count is inferred from what every member has entered.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from hangwatch.server.detector import MemberProgress, find_group_stall
@@ -49,20 +50,9 @@ def scan_stalls(
             no_progress_for_s=now - g.last_progress,
         )
         if st is not None:
-            out.append(
-                StalledGroup(
-                    group=st.group,
-                    seq=st.seq,
-                    op=st.op,
-                    waiting_ranks=st.waiting_ranks,
-                    not_entered_ranks=st.not_entered_ranks,
-                    stalled_for_s=st.stalled_for_s,
-                    kind=st.kind,
-                    dead_ranks=st.dead_ranks,
-                    unobserved_ranks=st.unobserved_ranks,
-                    over_timeout=st.stalled_for_s >= stall_timeout,
-                )
-            )
+            # The detector's pattern, field for field, plus the timeout verdict.
+            fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
+            out.append(StalledGroup(**fields, over_timeout=st.stalled_for_s >= stall_timeout))
     return out
 
 

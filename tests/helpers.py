@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hangwatch.testing.ports import free_port
 
@@ -21,7 +23,9 @@ __all__ = [
     "CONFORMANCE_DIR",
     "GOLDEN_DIR",
     "REPO_ROOT",
+    "absolute_imports",
     "free_port",
+    "observed_verdict",
     "skip_unless_backend",
     "wait_until",
 ]
@@ -64,3 +68,26 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """Every module a source file imports, at module level or inside functions:
+    `from a import b` counts as both `a` and `a.b` (b may be a subpackage)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def observed_verdict(report: Any) -> dict[str, Any]:
+    """What a scenario's ground truth (`Scenario.expected`) says about a Report."""
+    sc = report.stalled_collective
+    return {
+        "verdict": report.verdict,
+        "lagging_ranks": sorted(report.lagging_ranks),
+        "stalled": {"group": sc.group, "seq": sc.seq, "op": sc.op} if sc else None,
+    }

@@ -16,11 +16,10 @@ still a dependency, only a later one. Rules:
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, absolute_imports
 
 ROLE = {"agent": "hangwatch.agent", "server": "hangwatch.server", "analyzer": "hangwatch.analyzer"}
 UI = ("rich", "fastapi", "jinja2", "uvicorn", "starlette", "markupsafe")
@@ -38,18 +37,6 @@ def _sources(folder: str) -> list[Path]:
     )
 
 
-def _imports(path: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.add(node.module)
-            # `from hangwatch import agent` names a role package too.
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-    return out
-
-
 def _hits(imports: set[str], prefixes: tuple[str, ...]) -> list[str]:
     return sorted(m for m in imports if any(m == p or m.startswith(p + ".") for p in prefixes))
 
@@ -59,7 +46,7 @@ def _violations(folder: str, banned: tuple[str, ...], skip: set[str] = frozenset
     for path in _sources(folder):
         if path.name in skip:
             continue
-        for m in _hits(_imports(path), banned):
+        for m in _hits(absolute_imports(path), banned):
             bad.append(f"{path.relative_to(REPO_ROOT)} imports {m}")
     return bad
 

@@ -3,13 +3,13 @@ test support (tests/support) not shipped."""
 
 from __future__ import annotations
 
-import ast
 import filecmp
 import importlib
 import tomllib
 from pathlib import Path
 
 import pytest
+from helpers import absolute_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fault injectors, simulated agents and the golden generator: tests/support/, never shipped.
@@ -73,17 +73,6 @@ def _shipped_sources() -> list[Path]:
     )
 
 
-def _absolute_imports(path: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-    return out
-
-
 def test_test_support_is_not_in_the_distribution() -> None:
     # tests/support is a package (tests and benchmarks import tests.support...),
     # but not one of the distribution's: nothing under tests/ is listed or mapped.
@@ -96,7 +85,7 @@ def test_test_support_is_not_in_the_distribution() -> None:
         strays = [p for p in shipped if p.stem == name or name in p.parts]
         assert not strays, f"test-only {name} is back in a shipped package: {strays}"
     for path in shipped:
-        for mod in _absolute_imports(path):
+        for mod in absolute_imports(path):
             rel = path.relative_to(ROOT)
             # Shipped code must not need the test support: the wheel lacks it.
             assert mod.split(".")[0] != "tests", f"{rel} imports {mod}"

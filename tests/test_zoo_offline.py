@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from hangwatch.analyzer.report import Report
-from helpers import BACKENDS, GOLDEN_DIR, free_port, skip_unless_backend
+from helpers import BACKENDS, GOLDEN_DIR, free_port, observed_verdict, skip_unless_backend
 
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
 from tests.support.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
@@ -40,15 +40,6 @@ def _analyze(path: Path, world_size: int) -> Report:
     return analyze_path(path, world_size=world_size)
 
 
-def _observed(report: Report) -> dict[str, Any]:
-    sc = report.stalled_collective
-    return {
-        "verdict": report.verdict,
-        "lagging_ranks": sorted(report.lagging_ranks),
-        "stalled": {"group": sc.group, "seq": sc.seq, "op": sc.op} if sc else None,
-    }
-
-
 def _manifest(golden: Path) -> dict[str, Any]:
     return dict(json.loads((golden / MANIFEST).read_text()))
 
@@ -61,7 +52,7 @@ def _manifest(golden: Path) -> dict[str, Any]:
 def test_golden_dump_matches_ground_truth(golden: Path) -> None:
     manifest = _manifest(golden)
     report = _analyze(golden, manifest["world_size"])
-    assert _observed(report) == manifest["expected"], (
+    assert observed_verdict(report) == manifest["expected"], (
         f"{golden.name}: {report.summary}\nfindings: {report.findings}"
     )
     # Ranks that could not dump (stopped, GIL held) must be reported as missing.
@@ -119,7 +110,7 @@ def test_live_scenario_matches_ground_truth(name: str, backend: str, tmp_path: P
     # Every rank is reaped, the stopped one included.
     assert all(rc is not None for rc in job.returncodes())
     report = _analyze(snapshot, WORLD)
-    assert _observed(report) == sc.expected(WORLD, steps), f"{name}: {report.summary}"
+    assert observed_verdict(report) == sc.expected(WORLD, steps), f"{name}: {report.summary}"
     assert set(sc.silent_ranks(WORLD)) <= set(report.ranks_missing)
     kinds = {f.kind for f in report.findings}
     # Where FR does not record completion the report must say so, every time.

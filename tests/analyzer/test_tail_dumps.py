@@ -22,7 +22,7 @@ from fr_dumps import SimJob, write_meta
 from hangwatch.analyzer import analyze, analyze_path, load_dumps
 from hangwatch.analyzer.parse import decode_dump, sniff_and_decode
 from hangwatch.analyzer.report import Report
-from helpers import CONFORMANCE_DIR, GOLDEN_DIR, REPO_ROOT
+from helpers import CONFORMANCE_DIR, GOLDEN_DIR, REPO_ROOT, observed_verdict
 
 from hangwatch import formats
 from hangwatch.frtail import DEFAULT_CONTEXT, TAIL_KEY, is_tail, tail_dump, tail_entries
@@ -32,15 +32,6 @@ INCIDENTS = ["gpu_error_2nd", "lock_gil_1st"]
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def _observed(report: Report) -> dict[str, Any]:
-    sc = report.stalled_collective
-    return {
-        "verdict": report.verdict,
-        "lagging_ranks": sorted(report.lagging_ranks),
-        "stalled": {"group": sc.group, "seq": sc.seq, "op": sc.op} if sc else None,
-    }
 
 
 def _world_size(src: Path) -> int | None:
@@ -99,7 +90,7 @@ def _without_wrap(report: Report) -> list[dict[str, Any]]:
 
 
 def _assert_same_diagnosis(full: Report, tail: Report, name: str) -> None:
-    assert _observed(tail) == _observed(full), (
+    assert observed_verdict(tail) == observed_verdict(full), (
         f"{name}: tails say {tail.summary!r}\nfull dumps say {full.summary!r}"
     )
     assert tail.to_dict()["stalled_collective"] == full.to_dict()["stalled_collective"], name
@@ -124,7 +115,7 @@ def _check_parity(src: Path, dst: Path, context: int) -> None:
     else:
         # Less context may drop findings about finished history (a gloo job
         # whose p2p ops are invisible anyway); the verdict must not move.
-        assert _observed(tail) == _observed(full), f"{src.name}: {tail.summary}"
+        assert observed_verdict(tail) == observed_verdict(full), f"{src.name}: {tail.summary}"
 
 
 # --- parity: golden scenarios and real NCCL incidents -----------------------------------
@@ -137,7 +128,7 @@ def test_golden_verdict_is_the_same_on_tails(golden: Path, context: int, tmp_pat
     manifest = json.loads((golden / "manifest.json").read_text())
     _check_parity(golden, tmp_path / golden.name, context)
     tail = analyze_path(tmp_path / golden.name, world_size=manifest["world_size"])
-    assert _observed(tail) == manifest["expected"]
+    assert observed_verdict(tail) == manifest["expected"]
 
 
 @pytest.mark.timeout(60)
@@ -211,7 +202,7 @@ def test_full_dump_next_to_a_tail_wins_without_an_error(tmp_path: Path) -> None:
     for r in (1, 3):
         assert (loaded.entries["rank"] == r).sum() == (full.entries["rank"] == r).sum()
     report = analyze(loaded, world_size=manifest["world_size"])
-    assert _observed(report) == manifest["expected"]
+    assert observed_verdict(report) == manifest["expected"]
     assert report.errors == []
     assert report.tail_ranks == [0, 2]
     # Full dumps of a wrapped ring still say so; tails do not pretend to.
