@@ -68,7 +68,7 @@ def _diagnose(
     stalled: StalledCollective | None = None
     if d.mismatch is not None:
         m = d.mismatch
-        stalled = stalled_for(scope, m.group, m.seq, "collective", None)
+        stalled = stalled_for(scope, m.group, m.seq, "collective", None, m.odd_ranks)
         summary = wording.mismatch_summary(groups, m, d.lagging, stalled)
     elif d.best is not None:
         best = d.best

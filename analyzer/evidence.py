@@ -24,8 +24,19 @@ from hangwatch.analyzer.waits import Wait
 MAX_EVIDENCE_RANKS = 64
 
 
-def stalled_for(scope: Scope, g: str, s: int, kind: str, w: Wait | None) -> StalledCollective:
-    """Who entered, finished and never entered collective (or p2p op) s in group g."""
+def stalled_for(
+    scope: Scope,
+    g: str,
+    s: int,
+    kind: str,
+    w: Wait | None,
+    odd_ranks: list[int] | None = None,
+) -> StalledCollective:
+    """Who entered, finished and never entered collective (or p2p op) s in group g.
+
+    Its op, sizes and dtypes are what the ranks outside `odd_ranks` (a
+    mismatch's odd ones out) called: the collective the majority waits in.
+    """
     meta = scope.groups.get(g)
     members = sorted(meta.ranks) if meta else []
     E = scope.entries
@@ -46,7 +57,11 @@ def stalled_for(scope: Scope, g: str, s: int, kind: str, w: Wait | None) -> Stal
         entered = sorted({int(r) for r in at["rank"]})
         completed = []
         never = sorted(w.targets) if w else []
-    rep = at.sort_values("record_id").iloc[-1] if len(at) else None
+    shown = at
+    if odd_ranks:
+        majority = at.loc[~at["rank"].isin(odd_ranks).to_numpy()]
+        shown = majority if len(majority) else at
+    rep = shown.sort_values("record_id").iloc[-1] if len(shown) else None
     op = w.op if w and w.op else (str(rep["op"]) if rep is not None else "")
     sizes: list[list[int]] = []
     dtypes: list[str] = []

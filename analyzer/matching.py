@@ -236,7 +236,14 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
         ops = ", ".join(
             f"{op} on {_ranks(sub.loc[sub['op'] == op, 'rank'])}" for op in sub["op"].unique()
         )
-        add("op-mismatch", str(g), int(s), sub, odd, f"different ops at seq {s}: {ops}")
+        add(
+            "op-mismatch",
+            str(g),
+            int(s),
+            sub,
+            odd,
+            f"different ops at seq {s}: {ops}{_odd_calls(sub, odd)}",
+        )
 
     same = rep.loc[nun_op == 1]
     same = same.loc[~same["op"].isin(list(ALL_TO_ALL)).to_numpy()]
@@ -361,6 +368,24 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
                 f"{sub['op'].iloc[0]} #{s}: {label} differ: {shown}",
             )
     return out
+
+
+def _odd_calls(sub: pd.DataFrame, odd: list[int]) -> str:
+    """What the odd ones out called: '; rank 3 calls broadcast, input sizes [[8]], dtypes Half'."""
+    if len(odd) == len(sub):
+        return ""  # no majority: nobody is the odd one out
+    o = sub.loc[sub["rank"].isin(odd).to_numpy()]
+    calls: dict[tuple[str, str, str], list[int]] = {}
+    for r, op, sizes, dtypes in zip(
+        o["rank"], o["op"], o["input_sizes"], o["input_dtypes"], strict=True
+    ):
+        calls.setdefault((str(op), str(sizes), str(dtypes)), []).append(int(r))
+    parts = [
+        f"{'rank' if len(rs) == 1 else 'ranks'} {_ranks(rs)} "
+        f"{'calls' if len(rs) == 1 else 'call'} {op}, input sizes {sizes}, dtypes {dtypes or '?'}"
+        for (op, sizes, dtypes), rs in list(calls.items())[:4]
+    ]
+    return "; " + "; ".join(parts)
 
 
 def _ranks(ranks: pd.Series | list[int]) -> str:

@@ -109,7 +109,9 @@ def hang_summary(
     if others:
         lag = [r for r in others if r not in no_dump]
         nd = [r for r in others if r in no_dump]
-        parts = ([rank_list(lag)] if lag else []) + ([f"no dump from {rank_list(nd)}"] if nd else [])
+        parts = ([rank_list(lag)] if lag else []) + (
+            [f"no dump from {rank_list(nd)}"] if nd else []
+        )
         s = s[:-1] + f" (also lagging: {'; '.join(parts)})."
     behind = set().union(*(w.waiters for w in targeted)) - set(best.waiters) - set(roots)
     if behind:

@@ -4,11 +4,12 @@ healthy (torch-free: synthetic dumps and copies of the golden dumps)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+import pytest
 from hangwatch.analyzer import analyze_path
+
 from tests.analyzer.fr_dumps import SimJob
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -81,3 +82,45 @@ def test_no_dump_ranks_are_blamed_when_no_dump_explains_the_stall(tmp_path: Path
     rep = analyze_path(d)
     assert rep.verdict == "hang" and rep.lagging_ranks == [0, 2]
     assert rep.summary.startswith("No dump from ranks 0,2, which ranks 1,3 are waiting on")
+
+
+# ---------- 2. the stalled collective is what the waiting majority is in ----------
+
+
+def _odd_one_out(
+    tmp_path: Path, odd: int, op: str = "broadcast", sizes: list[list[int]] | None = None
+) -> Path:
+    job = SimJob(4)
+    for _ in range(5):
+        job.all("0")
+    for r in range(4):
+        if r == odd:
+            job.ranks[r].coll("0", op, done=False, sizes=sizes or [[8]], dtypes=["Half"])
+        else:
+            job.ranks[r].coll("0", "all_reduce", done=False)
+    return job.write(tmp_path)
+
+
+@pytest.mark.parametrize("odd", [0, 1, 3])
+def test_op_mismatch_names_the_majoritys_collective(tmp_path: Path, odd: int) -> None:
+    rep = analyze_path(_odd_one_out(tmp_path, odd))
+    assert rep.verdict == "mismatch" and rep.lagging_ranks == [odd]
+    sc = rep.stalled_collective
+    assert sc is not None
+    assert (sc.op, sc.seq, sc.input_sizes, sc.dtypes) == ("all_reduce", 6, [[4]], ["Float"])
+    assert sc.profiling_name == "nccl:all_reduce"
+    assert rep.summary == (
+        f"Rank {odd} disagrees with the rest of group 0 (default_pg) at all_reduce #6: op mismatch."
+    )
+    f = next(f for f in rep.findings if f.kind == "op-mismatch")
+    assert f.ranks == [odd] and (f.group, f.seq) == ("0", 6)
+    assert f"rank {odd} calls broadcast, input sizes [[8]], dtypes Half" in f.detail
+
+
+@pytest.mark.parametrize("odd", [0, 3])
+def test_size_mismatch_shows_the_majoritys_sizes(tmp_path: Path, odd: int) -> None:
+    rep = analyze_path(_odd_one_out(tmp_path, odd, op="all_reduce", sizes=[[8]]))
+    assert rep.lagging_ranks == [odd]
+    sc = rep.stalled_collective
+    assert sc is not None and (sc.op, sc.input_sizes) == ("all_reduce", [[4]])
+    assert sc.dtypes == ["Float"]
