@@ -211,7 +211,8 @@ def _wait_incident(
     while time.monotonic() < deadline:
         alive()
         items = _new_incidents(api, job, before)
-        done = [i for i in items if i["status"] in ("analyzed", "failed")]
+        # Analysed, or already past it: a transient stall resolves, a stopped job ends.
+        done = [i for i in items if i["status"] in ("analyzed", "failed", "resolved", "ended")]
         if done:
             first = min(done, key=lambda i: i["created"])
             detail: dict[str, Any] = api.get(f"/api/incidents/{first['id']}")
