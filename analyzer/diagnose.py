@@ -90,7 +90,11 @@ def _diagnose(
         )
     else:
         found += fnd.no_culprit_findings(scope, blocked_any=d.blocked_any, incident=d.incident)
-        if d.verdict == "unknown":
+        if d.verdict == "unknown" and scope.membership_unknown(alone=True):
+            summary = wording.membership_unknown_summary(
+                scope, scope.membership_unknown(alone=True)
+            )
+        elif d.verdict == "unknown":
             summary = wording.unknown_summary(scope.unknown_groups())
         elif d.verdict == "no-culprit-visible":
             summary = wording.no_culprit_summary(d.blocked_any)
@@ -99,6 +103,7 @@ def _diagnose(
     found += fnd.p2p_findings(scope, p2p.unmatched, set(d.lagging))
     found += fnd.wrap_findings(scope)
     found += fnd.completion_unknown_findings(scope)
+    found += fnd.membership_unknown_findings(scope)
     return Report(
         verdict=d.verdict,
         summary=summary,

@@ -115,6 +115,7 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
                 if e is not None and e.notna().any()
                 else -1,
                 lagging=sorted(lag_by_group.get(name, set())),
+                membership_known=meta.membership_source != "dumps",
             )
         )
     return out

@@ -150,3 +150,22 @@ def completion_unknown_findings(scope: Scope) -> list[Finding]:
     return [
         Finding(kind="completion-unknown", ranks=[], detail=wording.completion_unknown(unknown))
     ]
+
+
+def membership_unknown_findings(scope: Scope) -> list[Finding]:
+    """One finding per group a rank is blocked in whose membership is unknown."""
+    out = []
+    blocked = scope.progress.table["coll_blocked"].dropna()
+    for g in scope.membership_unknown():
+        sub = blocked.loc[blocked.index.get_level_values("group") == g]
+        ranks = sorted({int(r) for r in sub.index.get_level_values("rank")})
+        out.append(
+            Finding(
+                kind="membership-unknown",
+                ranks=ranks,
+                group=g,
+                seq=int(sub.min()),
+                detail=wording.membership_unknown(scope.groups, g, ranks),
+            )
+        )
+    return out

@@ -94,7 +94,9 @@ def render(report: Report, console: Console) -> None:
             gt.add_row(
                 g.group,
                 g.group_desc,
-                str(len(g.ranks)),
+                str(len(g.ranks))
+                if g.membership_known
+                else f"{len(g.ranks)}? (membership unknown)",
                 str(g.min_completed),
                 str(g.max_enqueued),
                 Text(rank_list(g.lagging, limit=6), style="red") if g.lagging else Text("-"),

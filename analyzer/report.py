@@ -91,6 +91,9 @@ class GroupProgress:
     min_completed: int  # lowest last-completed seq among members with dumps
     max_enqueued: int  # highest seq any member enqueued
     lagging: list[int] = field(default_factory=list)  # members behind the others
+    # False when only the dumps name the members (no pg_config ranks, no
+    # bundle metadata, no --world-size): `ranks` is who was seen, not who is in it.
+    membership_known: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

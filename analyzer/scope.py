@@ -69,6 +69,38 @@ class Scope:
         except KeyError:
             return False
 
+    def membership_unknown(self, *, alone: bool = False) -> list[str]:
+        """Groups some rank is blocked in whose members only the dumps name
+        (no pg_config ranks, no bundle metadata, no --world-size): whether
+        everyone entered is not known.
+
+        `alone`: only those a single rank's dump shows. A collective of a
+        one-member group does not wait, so an unfinished one there proves
+        members nobody can name: never healthy.
+        """
+        blocked = self.progress.table["coll_blocked"].dropna()
+        if not len(blocked):
+            return []
+        names = {str(g) for g in blocked.index.get_level_values("group")}
+        unk = [
+            g
+            for g in names
+            if (m := self.groups.get(g)) is not None
+            and m.membership_source == "dumps"
+            and (not alone or len(m.ranks) <= 1)
+        ]
+        return sorted(unk, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
+
+    def op_at(self, g: str, seq: int) -> str:
+        """The op some rank recorded for collective seq in group g ("" if none)."""
+        E = self.entries
+        m = (
+            (E["group"] == g).to_numpy()
+            & ~E["is_p2p"].to_numpy()
+            & (E["collective_seq_id"] == seq).to_numpy()
+        )
+        return str(E.loc[m, "op"].iloc[0]) if m.any() else ""
+
     def any_collective_blocked(self) -> bool:
         return bool(self.progress.table["coll_blocked"].notna().any())
 

@@ -13,7 +13,11 @@
 * ``unknown``: the same, where a group's recorder does not record completion
   (torch 2.15's FlightRecorderHook on an asynchronous backend such as its
   default NCCL): every member entered every collective, and whether the last
-  ones finished is not in the dumps. Never reported as healthy.
+  ones finished is not in the dumps. Never reported as healthy. Also when
+  one rank's dump alone shows an unfinished collective of a group whose
+  membership is unknown (no pg_config ranks, no bundle metadata, no
+  --world-size): a one-member group's collective waits on nobody, so the
+  group has members nobody can name, and whether they entered is unknown.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def decide(
             verdict="hang", lagging=blamed, best=best, incident=incident, blocked_any=blocked_any
         )
     verdict: Verdict
-    if scope.unknown_groups() and not incident:
+    if (scope.unknown_groups() or scope.membership_unknown(alone=True)) and not incident:
         verdict = "unknown"
     elif incident:
         verdict = "no-culprit-visible"

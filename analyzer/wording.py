@@ -13,6 +13,7 @@ from hangwatch.analyzer.graph import cycle_sides
 from hangwatch.analyzer.groups import GroupMeta
 from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.report import StalledCollective
+from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.text import plural, rank_list
 from hangwatch.analyzer.waits import Unmatched, Wait
 
@@ -131,6 +132,25 @@ def unknown_summary(unknown_groups: list[str]) -> str:
     )
 
 
+def membership_unknown_summary(scope: Scope, groups_unknown: list[str]) -> str:
+    blocked = scope.progress.table["coll_blocked"].dropna()
+    g = groups_unknown[0]
+    sub = blocked.loc[blocked.index.get_level_values("group") == g]
+    ranks = sorted({int(r) for r in sub.index.get_level_values("rank")})
+    more = (
+        f" (and {plural(len(groups_unknown) - 1, 'other group')})"
+        if len(groups_unknown) > 1
+        else ""
+    )
+    return (
+        f"FR cannot tell: {ranks_lower(ranks)} {'is' if len(ranks) == 1 else 'are'} in an "
+        f"unfinished {scope.op_at(g, int(sub.min())) or 'collective'} #{int(sub.min())} of group {gname(scope.groups, g)}{more}, whose "
+        "membership is unknown (no pg_config ranks, no bundle metadata, no --world-size): "
+        "whether its other members entered it is not in the dumps; pass --world-size or "
+        "analyze the whole bundle."
+    )
+
+
 def no_culprit_summary(blocked_any: bool) -> str:
     if blocked_any:
         return (
@@ -179,6 +199,14 @@ def no_collective_in_flight(gloo: bool) -> str:
         "between Python threads) or in point-to-point traffic"
         + (", which gloo does not record in the flight recorder at all" if gloo else "")
         + ". The per-rank stacks show where each rank is."
+    )
+
+
+def membership_unknown(groups: dict[str, GroupMeta], g: str, ranks: list[int]) -> str:
+    return (
+        f"membership unknown: group {gname(groups, g)} names no members (no pg_config ranks, "
+        f"no bundle metadata, no --world-size); only the dumps of {ranks_lower(ranks)} show it, "
+        "and its other members, and whether they entered, are not known"
     )
 
 

@@ -4,6 +4,7 @@ healthy (torch-free: synthetic dumps and copies of the golden dumps)."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
@@ -124,3 +125,50 @@ def test_size_mismatch_shows_the_majoritys_sizes(tmp_path: Path, odd: int) -> No
     sc = rep.stalled_collective
     assert sc is not None and (sc.op, sc.input_sizes) == ("all_reduce", [[4]])
     assert sc.dtypes == ["Float"]
+
+
+# ---------- 3. never "healthy" when one rank's dump shows a hang ----------
+
+
+def _lone_rank(tmp_path: Path, backend: str) -> Path:
+    job = SimJob(4, backend=backend)
+    for _ in range(3):
+        job.all("0")
+    job.all("0", ranks=[0], done=False)
+    obj = job.ranks[0].dump_obj()
+    # No member list anywhere: pg_config names no ranks, no bundle, no --world-size.
+    obj["pg_config"] = {k: dict(v, ranks="[]") for k, v in obj["pg_config"].items()}
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(obj))
+    return tmp_path
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_one_rank_in_an_unfinished_collective_is_unknown_not_healthy(
+    tmp_path: Path, backend: str
+) -> None:
+    rep = analyze_path(_lone_rank(tmp_path, backend))
+    assert rep.verdict == "unknown"
+    assert "membership is unknown" in rep.summary and "all_reduce #4" in rep.summary
+    f = next(f for f in rep.findings if f.kind == "membership-unknown")
+    assert f.ranks == [0] and (f.group, f.seq) == ("0", 4)
+    assert "membership unknown" in f.detail
+    (g,) = rep.groups
+    assert g.ranks == [0] and not g.membership_known
+
+
+def test_membership_unknown_is_shown_in_the_terminal_report(tmp_path: Path) -> None:
+    from hangwatch.analyzer.render import render
+    from rich.console import Console
+
+    rep = analyze_path(_lone_rank(tmp_path, "nccl"))
+    console = Console(record=True, width=200)
+    render(rep, console)
+    text = console.export_text()
+    assert text.startswith("[unknown]") and "membership unknown" in text
+
+
+def test_world_size_makes_the_lone_rank_a_hang(tmp_path: Path) -> None:
+    rep = analyze_path(_lone_rank(tmp_path, "nccl"), world_size=4)
+    assert rep.verdict == "hang" and rep.lagging_ranks == [1, 2, 3]
+    assert not any(f.kind == "membership-unknown" for f in rep.findings)
+    assert all(g.membership_known for g in rep.groups)
