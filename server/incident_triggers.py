@@ -16,6 +16,7 @@ from hangwatch.server.state import JobRegistry, StalledGroup
 from hangwatch.server.store import IncidentStore
 
 from hangwatch import formats
+from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
 # Events that open an incident at once. A rank exiting is not one of them:
@@ -45,19 +46,7 @@ class Trigger:
 
 def fmt_ranks(ranks: list[int] | set[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5": incidents can name hundreds of ranks."""
-    rs = sorted(set(ranks))
-    if not rs:
-        return "none"
-    parts: list[str] = []
-    start = prev = rs[0]
-    for r in rs[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+    return format_ranks(ranks)
 
 
 CRASH_MARK: Final = "uncaught exception: "

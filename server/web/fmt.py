@@ -5,30 +5,15 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable
 
+from hangwatch.rankspec import format_ranks
+
 
 def rank_ranges(ranks: Iterable[int], *, limit: int = 0) -> str:
     """`[0, 1, 2, 3, 7, 9, 10]` -> `"0-3, 7, 9-10"`; readable at thousands of ranks.
 
     `limit` > 0 caps the number of ranges shown and says how many ranks were left out.
     """
-    rs = sorted(set(ranks))
-    if not rs:
-        return "none"
-    spans: list[tuple[int, int]] = []
-    start = prev = rs[0]
-    for r in rs[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        spans.append((start, prev))
-        start = prev = r
-    spans.append((start, prev))
-    shown = spans if limit <= 0 else spans[:limit]
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
-    if len(shown) < len(spans):
-        rest = sum(b - a + 1 for a, b in spans[len(shown) :])
-        text += f" (+{rest} more)"
-    return text
+    return format_ranks(ranks, sep=", ", limit=limit)
 
 
 def when(unix: float | None) -> str:
