@@ -32,15 +32,71 @@ _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*):(?P<line>\d+)\)\s*$")
 
 
+# Frames of torch.distributed that are not a call into it: its debug and
+# elastic servers run in threads of their own.
+_TORCH_DIST = ("torch/distributed/",)
+_TORCH_DIST_SERVERS = ("torch/distributed/debug", "torch/distributed/elastic/")
+_THREAD_BOOTSTRAP = ("_bootstrap", "_bootstrap_inner", "run")
+_MAIN_OUTERMOST = ("<module>", "_run_module_as_main", "_run_code")
+
+Block = tuple[str, list[tuple[str, str, str]]]
+
+
+def _norm(path: str) -> str:
+    return path.replace("\\", "/")
+
+
+def _started_by_threading(block: Block) -> bool:
+    fr = block[1]
+    if not fr:
+        return False
+    func, file, _ = fr[-1]
+    return os.path.basename(_norm(file)) == "threading.py" and func.strip() in _THREAD_BOOTSTRAP
+
+
+def _is_helper(block: Block) -> bool:
+    """hangwatch's own threads: named hangwatch-*, or a thread running its
+    code (the main thread may pass through hangwatch's hook: not a helper)."""
+    header, fr = block
+    if "hangwatch" in header:
+        return True
+    return _started_by_threading(block) and any("/hangwatch/" in _norm(f) for _, f, _ in fr)
+
+
+def _in_collective(block: Block) -> bool:
+    """Blocked in a torch.distributed call (not in one of its server threads)."""
+    return any(
+        any(t in _norm(f) for t in _TORCH_DIST)
+        and not any(t in _norm(f) for t in _TORCH_DIST_SERVERS)
+        for _, f, _ in block[1]
+    )
+
+
+def _is_main(block: Block) -> bool:
+    """py-spy names it MainThread; in a faulthandler dump the main thread is
+    the one not started by threading (its outermost frame is the script's
+    `<module>`, or runpy's for `python -m`)."""
+    header, fr = block
+    if "MainThread" in header:
+        return True
+    if not fr:
+        return False
+    return fr[-1][0].strip() in _MAIN_OUTERMOST or not _started_by_threading(block)
+
+
 def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
-    """The innermost frames of the thread most likely to be the training loop.
+    """The innermost frames of the thread that matters.
 
     Reads both faulthandler-style dumps (torch's `dump_traceback`) and
-    `py-spy dump` output. The main thread is the one whose outermost frame is
-    `<module>` (or that py-spy labels MainThread); frames come back innermost
-    first as `func (file:line)` with the file shortened to its base name.
+    `py-spy dump` output. The thread is, in this order: one blocked in a
+    torch.distributed call, the main thread (py-spy labels it MainThread; in
+    faulthandler output it is the thread whose outermost frame is not
+    threading's bootstrap: `<module>`, or runpy's for `python -m`), else the
+    deepest; never one of hangwatch's own helper threads while another is
+    there. Frames come back innermost first as `func (file:line)` with the
+    file shortened to its base name.
     """
-    blocks: list[tuple[str, list[tuple[str, str, str]]]] = []
+    blocks: list[Block] = []
     for line in stacks.splitlines():
         if not line.strip():
             continue
@@ -49,14 +105,15 @@ def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
             blocks[-1][1].append((m["func"], m["file"], m["line"]))
         elif not line.startswith((" ", "\t")):
             blocks.append((line, []))
+    blocks = [b for b in blocks if b[1]] or blocks
     if not blocks:
         return []
+    ours = [b for b in blocks if not _is_helper(b)] or blocks
 
-    def is_main(block: tuple[str, list[tuple[str, str, str]]]) -> bool:
-        header, fr = block
-        return "MainThread" in header or bool(fr and fr[-1][0].strip() == "<module>")
+    def rank(b: Block) -> tuple[bool, bool, int]:
+        return (not _in_collective(b), not _is_main(b), -len(b[1]))
 
-    _header, chosen = next((b for b in blocks if is_main(b)), max(blocks, key=lambda b: len(b[1])))
+    _header, chosen = min(ours, key=rank)
     out = [f"{func} ({os.path.basename(file)}:{line})" for func, file, line in chosen[:frames]]
     if len(chosen) > frames:
         out.append(f"... {len(chosen) - frames} outer frames")

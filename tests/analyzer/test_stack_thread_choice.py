@@ -1,0 +1,103 @@
+"""The stack excerpt shows the thread that matters: the one blocked in
+torch.distributed, else the main thread; never hangwatch's own helpers."""
+
+from __future__ import annotations
+
+from hangwatch.analyzer.text import stack_excerpt
+
+# `python -m train`: the main thread's outermost frame is runpy's; a helper
+# thread is deep in an import (more frames, and `<module>` frames inside).
+PYTHON_M = """Thread 0x00007f2 (most recent call first):
+  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
+  File "/site/big/__init__.py", line 3 in <module>
+  File "<frozen importlib._bootstrap>", line 1147 in _find_and_load_unlocked
+  File "<frozen importlib._bootstrap>", line 1176 in _find_and_load
+  File "/site/big/loader.py", line 9 in <module>
+  File "/site/big/loader.py", line 20 in warm
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+  File "/usr/lib/python3.11/threading.py", line 1038 in _bootstrap_inner
+  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap
+
+Current thread 0x00007f1 (most recent call first):
+  File "/repo/train/loop.py", line 40 in step
+  File "/repo/train/__main__.py", line 9 in main
+  File "<frozen runpy>", line 88 in _run_code
+  File "<frozen runpy>", line 198 in _run_module_as_main
+"""
+
+# The main thread blocked in all_reduce, called through hangwatch's hook;
+# hangwatch's endpoint thread is in torch.distributed too (taking a dump).
+IN_COLLECTIVE = """Thread 0x00007f3 (most recent call first):
+  File "/site/torch/distributed/distributed_c10d.py", line 4800 in _dump_nccl_trace
+  File "/site/hangwatch/hook_server.py", line 90 in _serve
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+  File "/usr/lib/python3.11/threading.py", line 1038 in _bootstrap_inner
+  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap
+
+Thread 0x00007f2 (most recent call first):
+  File "/repo/data.py", line 12 in prefetch
+  File "/repo/data.py", line 30 in loop
+  File "/repo/data.py", line 31 in loop2
+  File "/repo/data.py", line 32 in loop3
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+  File "/usr/lib/python3.11/threading.py", line 995 in _bootstrap
+
+Current thread 0x00007f1 (most recent call first):
+  File "/site/torch/distributed/distributed_c10d.py", line 2800 in all_reduce
+  File "/site/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/site/hangwatch/hook.py", line 300 in wrapped
+  File "/repo/train.py", line 77 in step
+  File "/repo/train.py", line 90 in <module>
+"""
+
+PYSPY_HELPERS = """Process 123: python -m train
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 140 (idle): "hangwatch-fr-endpoint"
+    select (selectors.py:415)
+    _serve (/site/hangwatch/hook_server.py:90)
+    run (threading.py:975)
+    _bootstrap_inner (threading.py:1038)
+    _bootstrap (threading.py:995)
+Thread 130 (active): "Thread-1 (worker)"
+    all_gather (/site/torch/distributed/distributed_c10d.py:3000)
+    sync (/repo/ckpt.py:10)
+    run (threading.py:975)
+    _bootstrap (threading.py:995)
+Thread 123 (idle): "MainThread"
+    wait (threading.py:331)
+    join (/repo/ckpt.py:40)
+    _run_module_as_main (<frozen runpy>:198)
+"""
+
+
+def test_python_m_launch_shows_the_main_thread_not_a_helper_deep_in_an_import() -> None:
+    assert stack_excerpt(PYTHON_M, frames=2) == [
+        "step (loop.py:40)",
+        "main (__main__.py:9)",
+        "... 2 outer frames",
+    ]
+
+
+def test_the_thread_blocked_in_torch_distributed_wins_never_hangwatchs_own() -> None:
+    assert stack_excerpt(IN_COLLECTIVE, frames=2) == [
+        "all_reduce (distributed_c10d.py:2800)",
+        "wrapper (c10d_logger.py:81)",
+        "... 3 outer frames",
+    ]
+
+
+def test_pyspy_thread_in_a_collective_beats_mainthread_and_helpers_are_skipped() -> None:
+    assert stack_excerpt(PYSPY_HELPERS, frames=1) == [
+        "all_gather (distributed_c10d.py:3000)",
+        "... 3 outer frames",
+    ]
+    only_helper_and_main = PYSPY_HELPERS.split("Thread 130")[0] + (
+        'Thread 123 (idle): "MainThread"\n    wait (threading.py:331)\n'
+    )
+    assert stack_excerpt(only_helper_and_main) == ["wait (threading.py:331)"]
+
+
+def test_py_spy_mainthread_when_nobody_is_in_a_collective() -> None:
+    text = PYSPY_HELPERS.replace("torch/distributed/distributed_c10d.py", "repo/gather.py")
+    assert stack_excerpt(text, frames=1) == ["wait (threading.py:331)", "... 2 outer frames"]
