@@ -25,8 +25,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--world-size",
-        type=int,
         default=None,
+        metavar="N",
         help="number of ranks; ranks without a dump are reported missing",
     )
     p.add_argument(
@@ -59,19 +59,42 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _world_size(value: str | int | None) -> int | None:
+    """--world-size: a positive int up to formats.MAX_RANKS, checked before
+    anything is sized by it."""
+    from hangwatch import formats
+
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text.lstrip("-").isdigit() or len(text) > 12:
+        raise ValueError(f"--world-size must be a whole number, not {text[:40]!r}")
+    n = int(text)
+    if n <= 0:
+        raise ValueError("--world-size must be positive")
+    if n > formats.MAX_RANKS:
+        raise ValueError(f"--world-size {n} is over the maximum of {formats.MAX_RANKS} ranks")
+    return n
+
+
 def run(ns: argparse.Namespace) -> int:
-    from hangwatch.analyzer.diagnose import analyze
-    from hangwatch.analyzer.loader import load_dumps, parse_ranks
+    # Arguments are checked before pandas is imported: a bad one fails fast.
+    from hangwatch.analyzer.discovery import parse_ranks
 
     path = Path(ns.dump_dir)
     if not path.exists():
         return _fail(f"no such file or directory: {path}")
-    if ns.world_size is not None and ns.world_size <= 0:
-        return _fail("--world-size must be positive")
+    try:
+        world_size = _world_size(ns.world_size)
+    except ValueError as e:
+        return _fail(str(e))
     try:
         selected = parse_ranks(ns.selected_ranks) if ns.selected_ranks else None
     except ValueError as e:
         return _fail(f"bad --selected-ranks: {e}")
+    from hangwatch.analyzer.diagnose import analyze
+    from hangwatch.analyzer.loader import load_dumps
+
     on_progress = None
     if not ns.json:
         from hangwatch.analyzer.render import load_progress_bar
@@ -81,7 +104,7 @@ def run(ns: argparse.Namespace) -> int:
         loaded = load_dumps(
             path,
             prefix=ns.prefix,
-            world_size=ns.world_size,
+            world_size=world_size,
             selected_ranks=selected,
             on_progress=on_progress,
         )
@@ -98,7 +121,7 @@ def run(ns: argparse.Namespace) -> int:
         return _fail(
             f"no group named {ns.group!r}; groups: {', '.join(sorted(loaded.groups)) or 'none'}"
         )
-    report = analyze(loaded, world_size=ns.world_size, group=ns.group)
+    report = analyze(loaded, world_size=world_size, group=ns.group)
 
     if ns.html:
         # The HTML report is the dashboard's incident page; the `hangwatch`

@@ -23,25 +23,51 @@ SKIP_NAMES = frozenset({formats.META_FILE, formats.INCIDENT_FILE, formats.STACKS
 
 
 def parse_ranks(spec: str | Iterable[int] | None) -> set[int] | None:
-    """'0,3,5-7' -> {0,3,5,6,7}; None stays None."""
+    """'0,3,5-7' -> {0,3,5,6,7}; None stays None.
+
+    Ranks are 0 <= r < formats.MAX_RANKS, and a spec names at most that many:
+    a bad spec is a ValueError with a one-line message, raised before
+    anything is allocated.
+    """
     if spec is None:
         return None
     if not isinstance(spec, str):
-        return {int(r) for r in spec}
-    out: set[int] = set()
+        out = {int(r) for r in spec}
+        bad = [r for r in out if not 0 <= r < formats.MAX_RANKS]
+        if bad:
+            raise ValueError(f"rank {bad[0]} is out of range (0 to {formats.MAX_RANKS - 1})")
+        return out
+    spans: list[tuple[int, int]] = []
+    total = 0
     for part in spec.split(","):
         part = part.strip()
         if not part:
             continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            lo, hi = int(a), int(b)
-            if hi < lo:
-                raise ValueError(f"bad rank range {part!r}")
-            out.update(range(lo, hi + 1))
-        else:
-            out.add(int(part))
+        a, sep, b = part.partition("-")
+        try:
+            lo = _rank(a)
+            hi = _rank(b) if sep else lo
+        except ValueError as e:
+            raise ValueError(f"bad rank {part!r}: {e} (want e.g. 0,3,5-7)") from None
+        if hi < lo:
+            raise ValueError(f"bad rank range {part!r}")
+        total += hi - lo + 1
+        if total > formats.MAX_RANKS:
+            raise ValueError(f"{part!r}: more than {formats.MAX_RANKS} ranks")
+        spans.append((lo, hi))
+    out: set[int] = set()
+    for lo, hi in spans:
+        out.update(range(lo, hi + 1))
     return out
+
+
+def _rank(text: str) -> int:
+    text = text.strip()
+    if not text.isdigit():
+        raise ValueError(f"{text[:40]!r} is not a rank number")
+    if len(text) > 8 or int(text) >= formats.MAX_RANKS:
+        raise ValueError(f"{text[:40]} is over the maximum rank {formats.MAX_RANKS - 1}")
+    return int(text)
 
 
 @dataclass(frozen=True)
