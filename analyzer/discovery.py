@@ -32,11 +32,11 @@ def parse_ranks(spec: str | Iterable[int] | None) -> set[int] | None:
     if spec is None:
         return None
     if not isinstance(spec, str):
-        out = {int(r) for r in spec}
-        bad = [r for r in out if not 0 <= r < formats.MAX_RANKS]
+        given = {int(r) for r in spec}
+        bad = [r for r in given if not 0 <= r < formats.MAX_RANKS]
         if bad:
             raise ValueError(f"rank {bad[0]} is out of range (0 to {formats.MAX_RANKS - 1})")
-        return out
+        return given
     spans: list[tuple[int, int]] = []
     total = 0
     for part in spec.split(","):
