@@ -20,7 +20,7 @@ from hangwatch.analyzer.graph import blame_in_cycles, edges, wait_terminals
 from hangwatch.analyzer.groups import GroupMeta, build_groups
 from hangwatch.analyzer.loader import LoadedDumps
 from hangwatch.analyzer.matching import find_mismatches
-from hangwatch.analyzer.report import Finding, Report, StalledCollective
+from hangwatch.analyzer.report import Finding, FindingKind, Report, StalledCollective
 from hangwatch.analyzer.scope import build_scope
 from hangwatch.analyzer.verdict import decide
 from hangwatch.analyzer.waits import collective_waits, p2p_waits
@@ -83,7 +83,11 @@ def _diagnose(
             best=best,
             sc=stalled,
             deadlock_groups=sorted(
-                {f.group for f in roots_found if f.kind == "cross-group-deadlock" and f.group}
+                {
+                    f.group
+                    for f in roots_found
+                    if f.kind == FindingKind.CROSS_GROUP_DEADLOCK and f.group
+                }
             ),
             targeted=targeted,
             no_dump=set(blamed) - scope.dumped,

@@ -9,6 +9,7 @@ from hangwatch.analyzer import wording
 from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.progress import done_mask
 from hangwatch.analyzer.report import Finding
+from hangwatch.analyzer.report import FindingKind as K
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.verdict import wait_key
 from hangwatch.analyzer.waits import Unmatched, Wait
@@ -37,7 +38,7 @@ def root_findings(
         gs = sorted({w.group for w in waits if w.waiters & set(c) and w.targets & set(c)})
         out.append(
             Finding(
-                kind="cross-group-deadlock",
+                kind=K.CROSS_GROUP_DEADLOCK,
                 ranks=c,
                 group=gs[0] if gs else None,
                 detail=wording.cross_group_deadlock(scope.groups, c, gs, waits),
@@ -53,17 +54,17 @@ def root_findings(
         if r not in scope.dumped:
             if meta is not None and not meta.get("reachable", True):
                 state = str(meta.get("process_state") or "unknown")
-                kind = "frozen" if state in _FROZEN_STATES else "agent-unreachable"
+                kind = K.FROZEN if state in _FROZEN_STATES else K.AGENT_UNREACHABLE
                 detail = wording.not_dumped_root(r, state, n_wait, at)
             else:
-                kind, detail = "missing-dump", wording.missing_root(r, n_wait, at)
+                kind, detail = K.MISSING_DUMP, wording.missing_root(r, n_wait, at)
         elif not (r in p2p_blocked or scope.in_collective(r)):
-            kind = "stuck-outside-collective"
+            kind = K.STUCK_OUTSIDE_COLLECTIVE
             detail = wording.outside_collective_root(
                 r, at, completion_known=w0.group not in scope.loaded.completion_unknown_groups
             )
         else:
-            kind, detail = "not-entered", wording.not_entered_root(r, n_wait, at)
+            kind, detail = K.NOT_ENTERED, wording.not_entered_root(r, n_wait, at)
         out.append(Finding(kind=kind, ranks=[r], group=w0.group, seq=w0.seq, detail=detail))
     return out
 
@@ -74,7 +75,7 @@ def unblamed_missing_findings(scope: Scope, lagging: list[int]) -> list[Finding]
     ranks = sorted(set(scope.missing) - set(lagging))
     if not ranks:
         return []
-    return [Finding(kind="missing-dump", ranks=ranks, detail=wording.unblamed_missing(ranks))]
+    return [Finding(kind=K.MISSING_DUMP, ranks=ranks, detail=wording.unblamed_missing(ranks))]
 
 
 def no_culprit_findings(scope: Scope, *, blocked_any: bool, incident: bool) -> list[Finding]:
@@ -83,7 +84,7 @@ def no_culprit_findings(scope: Scope, *, blocked_any: bool, incident: bool) -> l
     if scope.missing and scope.world_size:
         out.append(
             Finding(
-                kind="missing-dump",
+                kind=K.MISSING_DUMP,
                 ranks=scope.missing,
                 detail=wording.unwaited_missing(scope.missing),
             )
@@ -92,14 +93,14 @@ def no_culprit_findings(scope: Scope, *, blocked_any: bool, incident: bool) -> l
     if not blocked_any and incident:
         out.append(
             Finding(
-                kind="no-collective-in-flight",
+                kind=K.NO_COLLECTIVE_IN_FLIGHT,
                 ranks=[],
                 detail=wording.no_collective_in_flight(gloo),
             )
         )
     if gloo:
         out.append(
-            Finding(kind="gloo-p2p-blind-spot", ranks=[], detail=wording.GLOO_P2P_BLIND_SPOT)
+            Finding(kind=K.GLOO_P2P_BLIND_SPOT, ranks=[], detail=wording.GLOO_P2P_BLIND_SPOT)
         )
     return out
 
@@ -114,7 +115,7 @@ def p2p_findings(scope: Scope, unmatched: list[Unmatched], lagging: set[int]) ->
         by_peer.setdefault(u.peer, []).append(u)
     return [
         Finding(
-            kind="p2p-unmatched",
+            kind=K.P2P_UNMATCHED,
             ranks=sorted({peer, *(u.waiter for u in items)}),
             group=items[0].group,
             seq=items[0].seq,
@@ -140,7 +141,7 @@ def wrap_findings(scope: Scope) -> list[Finding]:
     ]
     if not wrapped:
         return []
-    return [Finding(kind="buffer-wrapped", ranks=wrapped, detail=wording.BUFFER_WRAPPED)]
+    return [Finding(kind=K.BUFFER_WRAPPED, ranks=wrapped, detail=wording.BUFFER_WRAPPED)]
 
 
 def completion_unknown_findings(scope: Scope) -> list[Finding]:
@@ -148,7 +149,7 @@ def completion_unknown_findings(scope: Scope) -> list[Finding]:
     if not unknown:
         return []
     return [
-        Finding(kind="completion-unknown", ranks=[], detail=wording.completion_unknown(unknown))
+        Finding(kind=K.COMPLETION_UNKNOWN, ranks=[], detail=wording.completion_unknown(unknown))
     ]
 
 
@@ -161,7 +162,7 @@ def membership_unknown_findings(scope: Scope) -> list[Finding]:
         ranks = sorted({int(r) for r in sub.index.get_level_values("rank")})
         out.append(
             Finding(
-                kind="membership-unknown",
+                kind=K.MEMBERSHIP_UNKNOWN,
                 ranks=ranks,
                 group=g,
                 seq=int(sub.min()),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from hangwatch.analyzer.groups import GroupMeta
+from hangwatch.analyzer.report import FindingKind
 
 ALL_TO_ALL = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single"})
 ALL_GATHER = frozenset(
@@ -57,7 +58,7 @@ COALESCED_MARK = "coalesced"
 
 @dataclass(frozen=True, kw_only=True)
 class Mismatch:
-    kind: str  # "op-mismatch" | "size-mismatch" | "dtype-mismatch"
+    kind: str  # FindingKind.OP_MISMATCH | SIZE_MISMATCH | DTYPE_MISMATCH
     group: str
     seq: int
     odd_ranks: list[int]  # the ranks out of line (minority), or all when no majority
@@ -237,7 +238,7 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
             f"{op} on {_ranks(sub.loc[sub['op'] == op, 'rank'])}" for op in sub["op"].unique()
         )
         add(
-            "op-mismatch",
+            FindingKind.OP_MISMATCH,
             str(g),
             int(s),
             sub,
@@ -276,8 +277,15 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
                 kind, str(g), int(s), sub, odd, f"{sub['op'].iloc[0]} #{s}: {label} differ: {shown}"
             )
 
-    cross("input_sizes", frozenset(ALL_TO_ALL | {"scatter"}), "size-mismatch", "input sizes")
-    cross("output_sizes", frozenset(ALL_TO_ALL | {"gather"}), "size-mismatch", "output sizes")
+    cross(
+        "input_sizes", frozenset(ALL_TO_ALL | {"scatter"}), FindingKind.SIZE_MISMATCH, "input sizes"
+    )
+    cross(
+        "output_sizes",
+        frozenset(ALL_TO_ALL | {"gather"}),
+        FindingKind.SIZE_MISMATCH,
+        "output sizes",
+    )
 
     # 3. sizes, per rank
     in_n = same["in_numel"].to_numpy()
@@ -310,7 +318,7 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
                 else f"input numel = output numel x {n}"
             )
             add(
-                "size-mismatch",
+                FindingKind.SIZE_MISMATCH,
                 str(g),
                 int(s),
                 allsub,
@@ -336,7 +344,7 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
             (same["group"] == g).to_numpy() & (same["collective_seq_id"] == s).to_numpy()
         ]
         add(
-            "dtype-mismatch",
+            FindingKind.DTYPE_MISMATCH,
             str(g),
             int(s),
             allsub,
@@ -360,7 +368,7 @@ def find_mismatches(entries: pd.DataFrame, groups: dict[str, GroupMeta]) -> list
             odd = _odd_ones(v, sub["rank"])
             shown = "; ".join(f"{x} on {_ranks(sub.loc[v == x, 'rank'])}" for x in v.unique()[:4])
             add(
-                "dtype-mismatch",
+                FindingKind.DTYPE_MISMATCH,
                 str(g),
                 int(s),
                 sub,

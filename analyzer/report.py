@@ -9,11 +9,86 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 SCHEMA = "hangwatch.report/1"
 
 Verdict = Literal["hang", "mismatch", "healthy", "no-culprit-visible", "unknown"]
+
+# Every verdict, with what it means (docs/operations.md is generated from this).
+VERDICTS: dict[str, str] = {
+    "hang": "a collective (or p2p op) some members never entered: the lagging ranks are "
+    "the ones everybody waits on",
+    "mismatch": "members entered the same collective seq with a different op, sizes or dtypes: "
+    "the lagging ranks are the odd ones out; the stalled collective is what the majority called",
+    "healthy": "nothing stalled in the dumps: every collective in flight was entered by all of "
+    "its known members and nothing is unmatched (offline dumps, no stall reported)",
+    "no-culprit-visible": "a stall was reported (an incident), but FR shows nobody waiting on a "
+    "rank that is behind: read the stacks",
+    "unknown": "the dumps cannot tell a stuck job from a healthy one: a group's recorder does "
+    "not record completion, or one rank's dump shows an unfinished collective of a group whose "
+    "members nobody names (no pg_config ranks, no bundle metadata, no --world-size); never "
+    "healthy: read the stacks, or rerun with --world-size or the whole bundle",
+}
+
+
+class FindingKind(StrEnum):
+    """Every kind of finding the analyzer emits (meanings in FINDING_KINDS)."""
+
+    NOT_ENTERED = "not-entered"
+    STUCK_OUTSIDE_COLLECTIVE = "stuck-outside-collective"
+    MISSING_DUMP = "missing-dump"
+    FROZEN = "frozen"
+    AGENT_UNREACHABLE = "agent-unreachable"
+    CROSS_GROUP_DEADLOCK = "cross-group-deadlock"
+    OP_MISMATCH = "op-mismatch"
+    SIZE_MISMATCH = "size-mismatch"
+    DTYPE_MISMATCH = "dtype-mismatch"
+    P2P_UNMATCHED = "p2p-unmatched"
+    BUFFER_WRAPPED = "buffer-wrapped"
+    GLOO_P2P_BLIND_SPOT = "gloo-p2p-blind-spot"
+    NO_COLLECTIVE_IN_FLIGHT = "no-collective-in-flight"
+    COMPLETION_UNKNOWN = "completion-unknown"
+    MEMBERSHIP_UNKNOWN = "membership-unknown"
+
+
+FINDING_KINDS: dict[FindingKind, str] = {
+    FindingKind.NOT_ENTERED: "the rank never entered the stalled collective; its own older "
+    "work has not finished although all its peers entered it",
+    FindingKind.STUCK_OUTSIDE_COLLECTIVE: "the rank is in no collective its peers wait on and "
+    "never entered the stalled one: stuck in compute, I/O or Python (see its stacks)",
+    FindingKind.MISSING_DUMP: "no dump from the rank (absent or unreadable): blamed only when "
+    "no rank with a dump explains the stall, otherwise listed as not blamed",
+    FindingKind.FROZEN: "the rank's process is stopped (SIGSTOP, tracing stop): no dump could "
+    "be taken",
+    FindingKind.AGENT_UNREACHABLE: "the rank's agent could not be reached: nothing is known of it",
+    FindingKind.CROSS_GROUP_DEADLOCK: "ranks wait on each other across groups, having entered "
+    "them in different orders; the odd order is blamed",
+    FindingKind.OP_MISMATCH: "members called different ops at the same collective seq",
+    FindingKind.SIZE_MISMATCH: "members called the collective with sizes that do not fit",
+    FindingKind.DTYPE_MISMATCH: "members called the collective with dtypes that do not fit",
+    FindingKind.P2P_UNMATCHED: "a peer has not posted its side of a send/recv",
+    FindingKind.BUFFER_WRAPPED: "the ring buffer lost history that would settle it: raise "
+    "HANGWATCH_FR_BUFFER_SIZE",
+    FindingKind.GLOO_P2P_BLIND_SPOT: "gloo records no send/recv in FR: a p2p deadlock leaves "
+    "dumps that look healthy",
+    FindingKind.NO_COLLECTIVE_IN_FLIGHT: "a stall was reported and no collective is in flight: "
+    "the hang is outside collectives",
+    FindingKind.COMPLETION_UNKNOWN: "a group's recorder does not record completion: a "
+    "collective counts as finished once every member entered it",
+    FindingKind.MEMBERSHIP_UNKNOWN: "a rank is in an unfinished collective of a group whose "
+    "members nobody names (no pg_config ranks, no bundle metadata, no --world-size)",
+}
+
+
+def verdicts_markdown() -> str:
+    """The verdicts and finding kinds as docs/operations.md lists them."""
+    lines = ["| verdict | means |", "|---|---|"]
+    lines += [f"| `{v}` | {m} |" for v, m in VERDICTS.items()]
+    lines += ["", "| finding kind | means |", "|---|---|"]
+    lines += [f"| `{k.value}` | {m} |" for k, m in FINDING_KINDS.items()]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,11 +108,7 @@ class StalledCollective:
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
-    # kinds: "not-entered", "missing-dump", "frozen", "stuck-outside-collective",
-    # "cross-group-deadlock", "op-mismatch", "size-mismatch", "dtype-mismatch",
-    # "state-mismatch", "p2p-unmatched", "buffer-wrapped", "gloo-p2p-blind-spot",
-    # "agent-unreachable", "no-collective-in-flight", "load-error"
-    kind: str
+    kind: str  # a FindingKind (from_dict keeps whatever an old report says)
     ranks: list[int]
     group: str | None = None
     seq: int | None = None
@@ -174,3 +245,7 @@ class Report:
             cycles=[[int(r) for r in c] for c in d.get("cycles") or []],
             evidence=ev,
         )
+
+
+if __name__ == "__main__":  # python -m hangwatch.analyzer.report: the docs' list
+    print(verdicts_markdown(), end="")

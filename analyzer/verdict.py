@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 from hangwatch.analyzer.matching import Mismatch
-from hangwatch.analyzer.report import Verdict
+from hangwatch.analyzer.report import FindingKind, Verdict
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.waits import Wait
 
 # Which mismatch a verdict names when there are several: the most basic disagreement.
-MISMATCH_ORDER = ("op-mismatch", "size-mismatch", "dtype-mismatch")
+MISMATCH_ORDER = (FindingKind.OP_MISMATCH, FindingKind.SIZE_MISMATCH, FindingKind.DTYPE_MISMATCH)
 
 
 @dataclass(frozen=True, kw_only=True)
