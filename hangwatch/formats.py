@@ -110,8 +110,12 @@ class ServerInfo:
             return None
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Readers see the old file or the new one, never part of one (same-directory rename)."""
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> None:
+    """Readers see the old file or the new one, never part of one (same-directory rename).
+
+    `durable`: the data reaches the disk before the rename (the coordinator's
+    incident files must survive a power cut; a rank's rank-info need not).
+    """
     path = os.fspath(path)
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
@@ -122,6 +126,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -10,7 +10,6 @@ at any moment.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ def write_incident_json(
         str(r): why
         for r, why in sorted((unreachable if unreachable is not None else inc.unreachable).items())
     }
-    atomic_write(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    formats.atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), durable=True)
 
 
 def write_unreachable_meta(
@@ -87,13 +86,4 @@ def write_unreachable_meta(
         }
         meta["errors"] = {"fr": why, "stacks": why}
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(meta_path, json.dumps(meta, indent=2) + "\n")
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        formats.atomic_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode(), durable=True)
