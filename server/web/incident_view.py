@@ -23,7 +23,7 @@ VERDICT_TEXT = {
     "mismatch": "Collective mismatch",
     "healthy": "Healthy",
     "no-culprit-visible": "No culprit visible in the flight recorder",
-    "unknown": "Unknown: the flight recorder does not record completion here",
+    "unknown": "Unknown: the flight recorder cannot tell (see the findings)",
 }
 
 

@@ -90,3 +90,16 @@ def test_offline_report_of_real_nccl_dumps() -> None:
     assert str(escape(report.summary)) in html
     for rank in report.lagging_ranks:
         assert f'id="rank-{rank}"' in html
+
+
+@pytest.mark.timeout(30)
+def test_a_member_without_a_dump_is_no_dump_not_never_entered() -> None:
+    """The frozen rank (SIGSTOP) left no dump: the page must not say it never entered."""
+    from hangwatch.analyzer import analyze_path
+    from helpers import GOLDEN_DIR
+
+    report = analyze_path(GOLDEN_DIR / "frozen", world_size=4)
+    assert report.stalled_collective is not None and 1 in report.ranks_missing
+    html = render_incident_html(report, title="t")
+    assert re.search(r"<th>No dump</th><td[^>]*>1</td>", html), html[:2000]
+    assert re.search(r"<th>Never entered</th><td[^>]*>none</td>", html)
