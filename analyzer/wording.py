@@ -20,9 +20,18 @@ from hangwatch.analyzer.waits import Unmatched, Wait
 # ---------- names ----------
 
 
+# What torch calls a group nobody named (gloo's new_group without group_desc).
+_UNNAMED = frozenset({"", "undefined"})
+
+
 def gname(groups: dict[str, GroupMeta], g: str) -> str:
+    """'0 (default_pg)'; an unnamed group by its members: '1 (ranks 2,3)'."""
     meta = groups.get(g)
-    return f"{g} ({meta.desc})" if meta and meta.desc else g
+    if meta is None:
+        return g
+    if meta.desc not in _UNNAMED:
+        return f"{g} ({meta.desc})"
+    return f"{g} (ranks {rank_list(meta.ranks)})" if meta.ranks else g
 
 
 def coll_name(sc: StalledCollective | None) -> str:

@@ -152,8 +152,9 @@ def _start_server(conf: cfg.Config, data_dir: Path, logs: Path) -> Coordinator:
     raise RuntimeError(f"coordinator did not start within 60 s: {_tail(logs / 'server.log')}")
 
 
-def _dashboard_of(conf: cfg.Config) -> str:
-    """Ask a running coordinator where its dashboard is (Health carries it)."""
+def _ask_coordinator(conf: cfg.Config) -> str:
+    """Ask a running coordinator where its dashboard is, and adopt its stall
+    timeout: that one decides, not the demo's default (Health carries both)."""
     import grpc
 
     from hangwatch.wire import pb, rpc
@@ -163,6 +164,8 @@ def _dashboard_of(conf: cfg.Config) -> str:
     url = getattr(health, "dashboard_url", "")
     if not url:
         raise RuntimeError(f"coordinator {conf.coordinator} did not report its dashboard URL")
+    if health.stall_timeout_s > 0:
+        conf.stall_timeout = float(health.stall_timeout_s)
     return str(url)
 
 
@@ -252,7 +255,7 @@ def _run(ns: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         if _explicit(ns, "coordinator"):
-            coord = Coordinator(grpc=conf.coordinator, http=_dashboard_of(conf), proc=None)
+            coord = Coordinator(grpc=conf.coordinator, http=_ask_coordinator(conf), proc=None)
         else:
             coord = _start_server(conf, data_dir, logs)
             if not ns.keep and coord.proc is not None:

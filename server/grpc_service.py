@@ -475,6 +475,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
             version=__version__,
             agents_connected=self.registry.agents_connected(),
             dashboard_url=self.dashboard_url,
+            stall_timeout_s=self.registry.stall_timeout,
         )
 
 

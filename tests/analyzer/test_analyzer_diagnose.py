@@ -127,7 +127,7 @@ def test_subgroup_hang_blames_the_root_not_default_group_waiters(tmp_path: Path)
     assert rep.lagging_ranks == [1]
     assert rep.stalled_collective is not None and rep.stalled_collective.group == "1"
     assert rep.summary == (
-        "Rank 1 never entered all_reduce #1 in group 1 (undefined); rank 0 is waiting in it; "
+        "Rank 1 never entered all_reduce #1 in group 1 (ranks 0,1); rank 0 is waiting in it; "
         "2 other ranks are blocked behind it."
     )
     edges = {(e.waiter, e.waits_on, e.group) for e in rep.waits_for}

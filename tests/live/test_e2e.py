@@ -108,5 +108,16 @@ def test_demo_takes_only_the_incident_its_own_run_caused(
     assert second["incident_id"] != first["incident_id"]
     assert second["lagging_ranks"] == get_scenario("two").lagging_ranks(WORLD), second["summary"]
     assert second["detection_s"] > 0
-    healthy = _demo(coordinator, "healthy", tmp_path / "c", "gloo", "--job-id", "samejob")
+    # A stall timeout asked of the demo is not the one in force: the coordinator's is.
+    healthy = _demo(
+        coordinator,
+        "healthy",
+        tmp_path / "c",
+        "gloo",
+        "--job-id",
+        "samejob",
+        "--stall-timeout",
+        "7",
+    )
     assert healthy["incidents"] == []  # the two earlier incidents are not this run's
+    assert healthy["stall_timeout_s"] == STALL_TIMEOUT

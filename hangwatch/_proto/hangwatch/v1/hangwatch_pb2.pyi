@@ -347,13 +347,15 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("serving", "version", "agents_connected", "dashboard_url")
+    __slots__ = ("serving", "version", "agents_connected", "dashboard_url", "stall_timeout_s")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
+    STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     version: str
     agents_connected: int
     dashboard_url: str
-    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ..., dashboard_url: _Optional[str] = ...) -> None: ...
+    stall_timeout_s: float
+    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., stall_timeout_s: _Optional[float] = ...) -> None: ...
