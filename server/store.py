@@ -298,25 +298,26 @@ class IncidentStore:
         closed_at: float | None = None,
     ) -> IncidentRow:
         """The stall cleared by itself: the incident becomes `resolved`."""
-        return self._update(
+        return self._close(
             incident_id,
-            status="resolved",
-            closed_at=time.time() if closed_at is None else closed_at,
+            "resolved",
+            reason,
+            closed_at,
             stall_s=stall_s,
             late_ranks=_ranks(late_ranks),
-            close_reason=reason,
         )
 
     def end_incident(
         self, incident_id: str, *, reason: str, closed_at: float | None = None
     ) -> IncidentRow:
         """The job stopped with the incident unresolved: it becomes `ended`."""
-        return self._update(
-            incident_id,
-            status="ended",
-            closed_at=time.time() if closed_at is None else closed_at,
-            close_reason=reason,
-        )
+        return self._close(incident_id, "ended", reason, closed_at)
+
+    def _close(
+        self, incident_id: str, status: str, reason: str, closed_at: float | None, **cols: Any
+    ) -> IncidentRow:
+        when = time.time() if closed_at is None else closed_at
+        return self._update(incident_id, status=status, closed_at=when, close_reason=reason, **cols)
 
     def _update(self, incident_id: str, **cols: Any) -> IncidentRow:
         cols["updated"] = time.time()

@@ -41,7 +41,7 @@ class RankLive:
     observed: bool  # False when its agent is lost: "unobserved", not guilty
     process_state: str  # running, stopped, zombie, gone, unresponsive, unknown
     groups: list[RankGroupLive]
-    lag: int  # max over its groups of (group max last_completed - its last_completed)
+    lag: int  # collectives behind the furthest member of any of its groups (see rank_views)
     backend: str = ""
     last_report_age_s: float | None = None
 
@@ -126,13 +126,14 @@ def job_snapshot(job: JobRecord, now: float, stalled: list[StalledGroup]) -> Job
 
 
 def rank_views(job: JobRecord, now: float) -> list[RankLive]:
-    max_completed = {
-        name: max(
-            (r.groups[name].last_completed for r in job.ranks.values() if name in r.groups),
+    def furthest(name: str, field: str) -> int:
+        return max(
+            (getattr(r.groups[name], field) for r in job.ranks.values() if name in r.groups),
             default=-1,
         )
-        for name in job.groups
-    }
+
+    max_completed = {name: furthest(name, "last_completed") for name in job.groups}
+    max_enqueued = {name: furthest(name, "last_enqueued") for name in job.groups}
     views = []
     for r in sorted(job.ranks.values(), key=lambda r: r.rank):
         agent = job.agents.get(r.agent_id)
@@ -147,9 +148,16 @@ def rank_views(job: JobRecord, now: float) -> list[RankLive]:
             )
             for name, rg in sorted(r.groups.items(), key=lambda kv: group_sort_key(kv[0]))
         ]
+        # The one definition of lag: collectives behind the furthest member,
+        # over completed AND enqueued counts. Completed counts alone miss the
+        # classic hang: the culprit never enqueues #N, so nobody completes it.
         lag = max(
             (
-                max(0, max_completed.get(name, -1) - rg.last_completed)
+                max(
+                    0,
+                    max_completed.get(name, -1) - rg.last_completed,
+                    max_enqueued.get(name, -1) - rg.last_enqueued,
+                )
                 for name, rg in r.groups.items()
             ),
             default=0,

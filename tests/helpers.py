@@ -25,6 +25,7 @@ __all__ = [
     "REPO_ROOT",
     "absolute_imports",
     "free_port",
+    "module_output",
     "observed_verdict",
     "skip_unless_backend",
     "wait_until",
@@ -91,3 +92,16 @@ def observed_verdict(report: Any) -> dict[str, Any]:
         "lagging_ranks": sorted(report.lagging_ranks),
         "stalled": {"group": sc.group, "seq": sc.seq, "op": sc.op} if sc else None,
     }
+
+
+def module_output(module: str) -> str:
+    """What `python -m MODULE` prints, from the repository root: the generator
+    behind a generated doc (the doc tests compare the file with this)."""
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=25,
+    ).stdout

@@ -24,18 +24,8 @@ LAG_EDGES = ((0, "lag0"), (1, "lag1"), (2, "lag2"), (5, "lag3"), (20, "lag4"))
 
 
 def progress_lag(r: RankLive, groups: dict[str, GroupLive]) -> int:
-    """Collectives behind the furthest member, over completed AND enqueued counts.
-
-    Completed counts alone miss the classic hang: the culprit never enqueues
-    #N, so nobody completes it and every rank shows the same last completed.
-    """
-    lag = r.lag
-    for rg in r.groups:
-        g = groups.get(rg.group)
-        if g is None:
-            continue
-        lag = max(lag, g.max_completed - rg.last_completed, g.max_enqueued - rg.last_enqueued)
-    return max(0, lag)
+    """The registry's lag (server.views.rank_views): one definition for API and page."""
+    return r.lag
 
 
 def lag_bucket(r: RankLive, lag: int) -> str:

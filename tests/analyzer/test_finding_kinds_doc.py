@@ -4,13 +4,12 @@ docs/operations.md lists exactly them (generated, like docs/configuration.md).""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from hangwatch.analyzer import report
+from helpers import module_output
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = "<!-- BEGIN verdicts and finding kinds"
@@ -26,14 +25,7 @@ def _doc_block() -> str:
 
 @pytest.mark.timeout(30)
 def test_operations_doc_lists_exactly_the_generated_verdicts_and_kinds() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "hangwatch.analyzer.report"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=25,
-    ).stdout
+    out = module_output("hangwatch.analyzer.report")
     assert out == report.verdicts_markdown()
     assert _doc_block() == out, (
         "docs/operations.md is stale: paste `python -m hangwatch.analyzer.report` "

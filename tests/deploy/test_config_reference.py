@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import module_output
 
 from hangwatch import config, env
 
@@ -15,14 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(30)
 def test_configuration_doc_is_generated_output() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "hangwatch.config"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=25,
-    ).stdout
+    out = module_output("hangwatch.config")
     doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert doc == out, (
         "docs/configuration.md is stale: run `python -m hangwatch.config > docs/configuration.md`"
