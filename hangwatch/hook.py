@@ -107,6 +107,8 @@ class _State:
     # The launcher, data-loader and compile workers never become ranks: silent.
     announced: bool = False
     abort_hooked: set[int] = field(default_factory=set)
+    # What recorders.discover learned of each group, asked of torch once.
+    pg_instances: dict[tuple[int, str], recorders_mod.PgInstances] = field(default_factory=dict)
 
 
 _state: _State | None = None
@@ -424,7 +426,7 @@ def _write_rankinfo(st: _State) -> None:
 
 
 def _discover_recorders(st: _State) -> list[recorders_mod.Recorder]:
-    recs = recorders_mod.discover()
+    recs = recorders_mod.discover(st.pg_instances)
     known = {r.instance for r in st.recorders}
     for r in recs:
         if r.instance not in known:

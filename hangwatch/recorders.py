@@ -146,12 +146,21 @@ class _Acc:
     groups: list[str] = field(default_factory=list)
 
 
-def discover() -> list[Recorder]:
+# (instance, kind, completion, status offset) per device backend of one group.
+PgInstances = tuple[tuple[str, str, str, int], ...]
+
+
+def discover(cache: dict[tuple[int, str], PgInstances] | None = None) -> list[Recorder]:
     """The recorder instances this process's groups write to, in first-use order.
 
     Hook-recorded and NCCL instances come before the generic one: a group
     that lives in two (a "cpu:gloo,cuda:nccl" group) is tracked through its
     GPU instance, where collectives hang.
+
+    The hook calls this after every group creation, and Megatron-style jobs
+    create hundreds of groups at start: `cache` (keyed by the group's id
+    and name, kept by the caller: an id may be reused, a name never) makes each call ask torch only about new groups, so
+    start-up stays linear in the number of groups.
     """
     c = c10d_ext()
     c10d = importlib.import_module("torch.distributed.distributed_c10d")
@@ -159,12 +168,19 @@ def discover() -> list[Recorder]:
     world = c10d._world
     hooked_pgs = set(world.pg_flight_recorder_hooks) if caps.hooks else set()
     nccl_cls = getattr(c, "ProcessGroupNCCL", None)
+    cache = {} if cache is None else cache
     acc: dict[str, _Acc] = {}
     for pg, name in world.pg_names.items():
-        for inst, acc_new in _instances_of(pg, pg in hooked_pgs, nccl_cls, caps):
-            a = acc.setdefault(inst, acc_new)
-            if str(name) not in a.groups:
-                a.groups.append(str(name))
+        key = (id(pg), str(name))
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = tuple(
+                (inst, a.kind, a.completion, a.offset)
+                for inst, a in _instances_of(pg, pg in hooked_pgs, nccl_cls, caps)
+            )
+        for inst, kind, completion, offset in found:
+            # Group names are unique in pg_names: each lands once per instance.
+            acc.setdefault(inst, _Acc(kind, completion, offset)).groups.append(str(name))
     order = sorted(acc, key=lambda i: (acc[i].kind == KIND_GENERIC, i))
     return [
         Recorder(
