@@ -118,8 +118,11 @@ def run(ns: argparse.Namespace) -> int:
         )
         return _fail(f"no loadable flight-recorder dumps under {path}{why}")
     if ns.group is not None and ns.group not in loaded.groups:
+        from hangwatch.analyzer.text import group_sort_key
+
         return _fail(
-            f"no group named {ns.group!r}; groups: {', '.join(sorted(loaded.groups)) or 'none'}"
+            f"no group named {ns.group!r}; groups: "
+            f"{', '.join(sorted(loaded.groups, key=group_sort_key)) or 'none'}"
         )
     report = analyze(loaded, world_size=world_size, group=ns.group)
 

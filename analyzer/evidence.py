@@ -13,11 +13,13 @@ from hangwatch.analyzer.progress import done_mask
 from hangwatch.analyzer.report import (
     CollectiveRef,
     Frame,
+    GroupPosition,
     GroupProgress,
     RankEvidence,
     StalledCollective,
 )
 from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.text import group_sort_key
 from hangwatch.analyzer.waits import Wait
 
 # Evidence is per rank; at 4,096 ranks keep the report readable.
@@ -100,7 +102,7 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
     for w in waits:
         lag_by_group.setdefault(w.group, set()).update(w.targets)
     out = []
-    for name, meta in scope.groups.items():
+    for name, meta in sorted(scope.groups.items(), key=lambda kv: group_sort_key(kv[0])):
         c = comp.get(name)
         e = enq.get(name)
         out.append(
@@ -116,9 +118,30 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
                 else -1,
                 lagging=sorted(lag_by_group.get(name, set())),
                 membership_known=meta.membership_source != "dumps",
+                positions=_positions(c, e),
             )
         )
     return out
+
+
+def _positions(comp: pd.Series | None, enq: pd.Series | None) -> list[GroupPosition]:
+    """Members grouped by (last completed, last enqueued) in one group, furthest behind first."""
+    at: dict[tuple[int, int], list[int]] = {}
+    ranks = set(comp.index if comp is not None else ()) | set(enq.index if enq is not None else ())
+    for r in sorted(int(x) for x in ranks):
+        key = (_seq_or_none(comp, r), _seq_or_none(enq, r))
+        at.setdefault(key, []).append(r)
+    return [
+        GroupPosition(ranks=rs, completed=c, enqueued=max(e, c))
+        for (c, e), rs in sorted(at.items())
+    ]
+
+
+def _seq_or_none(s: pd.Series | None, r: int) -> int:
+    if s is None or r not in s.index:
+        return -1
+    v = s[r]
+    return -1 if np.isnan(v) else int(v)
 
 
 def rank_evidence(
@@ -160,8 +183,10 @@ def rank_evidence(
             and r in comp[sc.group].index
             and not np.isnan(comp[sc.group][r])
         ):
+            seq = int(comp[sc.group][r])
+            # The entry fell out of its own ring buffer: a peer's dump still names the op.
             last_c = CollectiveRef(
-                group=sc.group, seq=int(comp[sc.group][r]), op="", state="completed"
+                group=sc.group, seq=seq, op=scope.op_at(sc.group, seq), state="completed"
             )
         last_e: CollectiveRef | None = None
         frames: list[Frame] = []

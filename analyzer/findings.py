@@ -119,7 +119,7 @@ def p2p_findings(scope: Scope, unmatched: list[Unmatched], lagging: set[int]) ->
             ranks=sorted({peer, *(u.waiter for u in items)}),
             group=items[0].group,
             seq=items[0].seq,
-            detail=wording.p2p_unmatched(peer, items, dumped=peer in scope.dumped),
+            detail=wording.p2p_unmatched(scope.groups, peer, items, dumped=peer in scope.dumped),
         )
         for peer, items in sorted(by_peer.items())
     ]

@@ -6,7 +6,15 @@ import os
 import sys
 
 from hangwatch.analyzer.report import RankEvidence, Report
-from hangwatch.analyzer.text import rank_list, stack_excerpt
+from hangwatch.analyzer.text import (
+    collective_text,
+    finding_roles,
+    group_desc,
+    group_sort_key,
+    rank_list,
+    seq_text,
+    stack_excerpt,
+)
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -15,7 +23,11 @@ from rich.text import Text
 
 MAX_GROUP_ROWS = 24
 MAX_LAGGING_ROWS = 32
-STACK_EXCERPT_LINES = 6
+# A lagging rank's row: its FR call site and the innermost frames of its
+# stack, one line each (cut with an ellipsis, never wrapped): the full stacks
+# are in --json and --html.
+FR_FRAME_LINES = 2
+STACK_EXCERPT_LINES = 4
 
 _VERDICT_STYLE = {
     "hang": "bold red",
@@ -41,7 +53,7 @@ def render(report: Report, console: Console) -> None:
         t = Table.grid(padding=(0, 2))
         t.add_column(style="bold")
         t.add_column()
-        t.add_row("group", f"{sc.group} ({sc.group_desc})" if sc.group_desc else sc.group)
+        t.add_row("group", _group_name(sc.group, sc.group_desc, sc.group_ranks))
         t.add_row("collective", f"{sc.op} #{sc.seq}  [dim]{sc.profiling_name}[/dim]")
         t.add_row("members", rank_list(sc.group_ranks))
         t.add_row("entered", rank_list(sc.entered_ranks))
@@ -63,12 +75,18 @@ def render(report: Report, console: Console) -> None:
         lt.add_column("host / state")
         lt.add_column("last completed")
         lt.add_column("last entered")
-        lt.add_column("call site (FR frames) / stack excerpt")
+        lt.add_column("call site (FR) / stack now", no_wrap=True, overflow="ellipsis", min_width=16)
         for r in report.lagging_ranks[:MAX_LAGGING_ROWS]:
             ev = report.evidence.get(r)
             lt.add_row(str(r), *_evidence_cells(ev))
+        notes = []
         if len(report.lagging_ranks) > MAX_LAGGING_ROWS:
-            lt.caption = f"... and {len(report.lagging_ranks) - MAX_LAGGING_ROWS} more"
+            notes.append(f"... and {len(report.lagging_ranks) - MAX_LAGGING_ROWS} more")
+        if any((report.evidence.get(r) or _NO_EVIDENCE).stacks for r in report.lagging_ranks):
+            notes.append(
+                "innermost frames only: full stacks in --html, or --json evidence.<rank>.stacks"
+            )
+        lt.caption = "; ".join(notes) or None
         console.print(lt)
 
     if report.findings:
@@ -77,7 +95,7 @@ def render(report: Report, console: Console) -> None:
         ft.add_column("ranks")
         ft.add_column("detail")
         for f in report.findings:
-            ft.add_row(f.kind, rank_list(f.ranks, limit=6), f.detail)
+            ft.add_row(f.kind, _finding_ranks(f.kind, f.ranks, report.lagging_ranks), f.detail)
         console.print(ft)
 
     if report.groups:
@@ -89,16 +107,16 @@ def render(report: Report, console: Console) -> None:
         gt.add_column("max enqueued", justify="right")
         gt.add_column("behind")
         # Stalled groups first, then the rest; at thousands of groups, summarize.
-        rows = sorted(report.groups, key=lambda g: (not g.lagging, g.group))
+        rows = sorted(report.groups, key=lambda g: (not g.lagging, group_sort_key(g.group)))
         for g in rows[:MAX_GROUP_ROWS]:
             gt.add_row(
                 g.group,
-                g.group_desc,
+                group_desc(g.group_desc) or Text("(unnamed)", style="dim"),
                 str(len(g.ranks))
                 if g.membership_known
                 else f"{len(g.ranks)}? (membership unknown)",
-                str(g.min_completed),
-                str(g.max_enqueued),
+                seq_text(g.min_completed),
+                seq_text(g.max_enqueued),
                 Text(rank_list(g.lagging, limit=6), style="red") if g.lagging else Text("-"),
             )
         if len(rows) > MAX_GROUP_ROWS:
@@ -117,6 +135,28 @@ def render(report: Report, console: Console) -> None:
         console.print(et)
 
 
+_NO_EVIDENCE = RankEvidence(rank=-1)
+
+
+def _group_name(group: str, desc: str, ranks: list[int]) -> str:
+    """'72 (EXPERT_MODEL_PARALLEL_GROUP)'; an unnamed one by its members: '1 (ranks 2,3)'."""
+    if group_desc(desc):
+        return f"{group} ({desc})"
+    return f"{group} (ranks {rank_list(ranks)})" if ranks else group
+
+
+def _finding_ranks(kind: str, ranks: list[int], blamed: list[int]) -> Text:
+    """The findings' ranks column; where culprits and others stand together, which is which."""
+    out = Text()
+    for role, rs in finding_roles(kind, ranks, blamed):
+        if out:
+            out.append("\n")
+        if role:
+            out.append(f"{role} ", style="dim")
+        out.append(rank_list(rs, limit=6), style="red" if role == "blamed" else "")
+    return out
+
+
 def _evidence_cells(ev: RankEvidence | None) -> list[str | Text | Group]:
     if ev is None:
         return ["", "", "", ""]
@@ -124,23 +164,27 @@ def _evidence_cells(ev: RankEvidence | None) -> list[str | Text | Group]:
     if not ev.reachable:
         host = (host + " unreachable").strip()
     lc = (
-        f"{ev.last_completed.op or 'collective'} #{ev.last_completed.seq} (g {ev.last_completed.group})"
+        f"{collective_text(ev.last_completed.op, ev.last_completed.seq)} (g {ev.last_completed.group})"
         if ev.last_completed
         else "-"
     )
     le = (
-        f"{ev.last_entered.op} #{ev.last_entered.seq} (g {ev.last_entered.group}, {ev.last_entered.state})"
+        f"{collective_text(ev.last_entered.op, ev.last_entered.seq)} (g {ev.last_entered.group}, {ev.last_entered.state})"
         if ev.last_entered
         else "-"
     )
-    lines = [f"{fr.name} ({os.path.basename(fr.filename)}:{fr.line})" for fr in ev.frames[:3]]
+    lines = [
+        f"{fr.name} ({os.path.basename(fr.filename)}:{fr.line})"
+        for fr in ev.frames[:FR_FRAME_LINES]
+    ]
     if ev.stacks:
         source = ev.sources.get("stacks", "")
         lines += [
             f"-- now ({source or 'stacks'}):",
             *stack_excerpt(ev.stacks, frames=STACK_EXCERPT_LINES),
         ]
-    return [host or "-", lc, le, Text("\n".join(lines) or "-")]
+    cell = Text("\n".join(lines) or "-", no_wrap=True, overflow="ellipsis")
+    return [host or "-", lc, le, cell]
 
 
 class LoadProgressBar:

@@ -155,16 +155,28 @@ class RankEvidence:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupPosition:
+    """Members with dumps that stand at the same place in one group."""
+
+    ranks: list[int]
+    completed: int  # their last completed seq in the group; -1: none known
+    enqueued: int  # their last enqueued (entered) seq in the group; -1: none
+
+
+@dataclass(frozen=True, kw_only=True)
 class GroupProgress:
     group: str
     group_desc: str
     ranks: list[int]
-    min_completed: int  # lowest last-completed seq among members with dumps
-    max_enqueued: int  # highest seq any member enqueued
+    min_completed: int  # lowest last-completed seq among members with dumps; -1: none
+    max_enqueued: int  # highest seq any member enqueued; -1: none
     lagging: list[int] = field(default_factory=list)  # members behind the others
     # False when only the dumps name the members (no pg_config ranks, no
     # bundle metadata, no --world-size): `ranks` is who was seen, not who is in it.
     membership_known: bool = True
+    # Where each member with a dump is in this group (a rank's evidence names
+    # only its newest collective of any group); empty in older reports.
+    positions: list[GroupPosition] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +250,13 @@ class Report:
             ranks_missing=list(d.get("ranks_missing") or []),
             tail_ranks=list(d.get("tail_ranks") or []),
             errors=[FileError(**e) for e in d.get("errors") or []],
-            groups=[GroupProgress(**g) for g in d.get("groups") or []],
+            groups=[
+                GroupProgress(
+                    **{k: v for k, v in g.items() if k != "positions"},
+                    positions=[GroupPosition(**p) for p in g.get("positions") or []],
+                )
+                for g in d.get("groups") or []
+            ],
             waits_for=[WaitEdge(**w) for w in d.get("waits_for") or []],
             # Absent from reports written before they were recorded.
             roots=[int(r) for r in d.get("roots") or []],

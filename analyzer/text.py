@@ -6,12 +6,62 @@ import os
 import re
 from collections.abc import Iterable
 
+from hangwatch.analyzer.report import FindingKind
+
 from hangwatch.rankspec import format_ranks
 
 
 def rank_list(ranks: Iterable[int], *, limit: int = 12) -> str:
     """[0,1,2,3,7,9,10] -> '0-3,7,9,10'; long lists end with '... (N ranks)'."""
     return format_ranks(ranks, pairs_as_ranges=False, limit=limit, more="total")
+
+
+# What torch calls a group nobody named (gloo's new_group without group_desc).
+UNNAMED_DESCS = frozenset({"", "undefined"})
+
+
+def group_sort_key(name: str) -> tuple[int, int, str]:
+    """Groups in numeric order (0, 1, 2, 33, 108), names that are not numbers after them."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def group_desc(desc: str) -> str:
+    """A group's description for people: '' for one nobody named (never 'undefined')."""
+    return "" if desc in UNNAMED_DESCS else desc
+
+
+def collective_text(op: str, seq: int) -> str:
+    """'all_to_all #44790'; an op no dump still holds the entry of says so."""
+    return f"{op} #{seq}" if op else f"#{seq} (op not in any dump)"
+
+
+def seq_text(seq: int | None) -> str:
+    """A sequence number for people: FR's -1 (nothing yet) is 'none'."""
+    return "none" if seq is None or seq < 0 else str(seq)
+
+
+# Findings whose ranks besides the blamed ones are the ones waiting on them.
+_WAITERS_BESIDE_BLAMED = frozenset({FindingKind.P2P_UNMATCHED, FindingKind.CROSS_GROUP_DEADLOCK})
+
+
+def finding_roles(
+    kind: str, ranks: Iterable[int], blamed: Iterable[int]
+) -> list[tuple[str, list[int]]]:
+    """A finding's ranks split by role: [('blamed', [9]), ('waiting', [1])].
+
+    A finding that blames nobody, or only blamed ranks, is one plain part
+    ('', ranks): the role words appear only where both kinds stand side by side.
+    """
+    rs = sorted(set(ranks))
+    bl = set(blamed)
+    culprits = [r for r in rs if r in bl]
+    others = [r for r in rs if r not in bl]
+    if not culprits or not others:
+        return [("", rs)]
+    return [
+        ("blamed", culprits),
+        ("waiting" if kind in _WAITERS_BESIDE_BLAMED else "not blamed", others),
+    ]
 
 
 def plural(n: int, word: str) -> str:

@@ -7,6 +7,7 @@ collectives are named.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from hangwatch.analyzer.graph import cycle_sides
@@ -14,14 +15,10 @@ from hangwatch.analyzer.groups import GroupMeta
 from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.report import StalledCollective
 from hangwatch.analyzer.scope import Scope
-from hangwatch.analyzer.text import plural, rank_list
+from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
 from hangwatch.analyzer.waits import Unmatched, Wait
 
 # ---------- names ----------
-
-
-# What torch calls a group nobody named (gloo's new_group without group_desc).
-_UNNAMED = frozenset({"", "undefined"})
 
 
 def gname(groups: dict[str, GroupMeta], g: str) -> str:
@@ -29,7 +26,7 @@ def gname(groups: dict[str, GroupMeta], g: str) -> str:
     meta = groups.get(g)
     if meta is None:
         return g
-    if meta.desc not in _UNNAMED:
+    if meta.desc not in UNNAMED_DESCS:
         return f"{g} ({meta.desc})"
     return f"{g} (ranks {rank_list(meta.ranks)})" if meta.ranks else g
 
@@ -269,8 +266,31 @@ def not_entered_root(r: int, n_wait: int, at: str) -> str:
     )
 
 
-def p2p_unmatched(peer: int, items: Sequence[Unmatched], *, dumped: bool) -> str:
-    shown = "; ".join(f"{u.name} #{u.seq} in group {u.group} on rank {u.waiter}" for u in items[:6])
+_P2P_PEERS = re.compile(r"(?P<a>\d+)\s*(?P<arrow>->|<-)\s*(?P<b>\d+)")
+
+
+def p2p_op(groups: dict[str, GroupMeta], name: str, group: str) -> str:
+    """A p2p op's name with its ranks made plain: torch names them in the
+    group's own numbering ('nccl:send 0->1' in group 42 of ranks 1,9 is
+    global 1->9)."""
+    meta = groups.get(group)
+    members = sorted(meta.ranks) if meta else []
+    m = _P2P_PEERS.search(name)
+    if m is None or (members and members == list(range(len(members)))):
+        return name  # no peers named, or the group's numbering is the global one
+    a, b = int(m["a"]), int(m["b"])
+    if a < len(members) and b < len(members):
+        return f"{name} (group ranks; global {members[a]}{m['arrow']}{members[b]})"
+    return f"{name} (group ranks)"
+
+
+def p2p_unmatched(
+    groups: dict[str, GroupMeta], peer: int, items: Sequence[Unmatched], *, dumped: bool
+) -> str:
+    shown = "; ".join(
+        f"{p2p_op(groups, u.name, u.group)} #{u.seq} in group {u.group}, posted by rank {u.waiter}"
+        for u in items[:6]
+    )
     more = f" and {len(items) - 6} more" if len(items) > 6 else ""
     nodump = "" if dumped else " (no dump from it)"
     return f"rank {peer}{nodump} has not posted the peer side of: {shown}{more}"

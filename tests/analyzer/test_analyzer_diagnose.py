@@ -253,7 +253,9 @@ def test_p2p_unmatched_send(tmp_path: Path) -> None:
     rep = analyze(loaded)
     assert rep.verdict == "hang" and rep.lagging_ranks == [3]
     f = next(f for f in rep.findings if f.kind == "p2p-unmatched")
-    assert f.ranks == [1, 3] and "send 0->1 #2" in f.detail
+    # torch names the peers in the group's numbering: the detail gives the global ranks too.
+    assert f.ranks == [1, 3]
+    assert "send 0->1 (group ranks; global 1->3) #2 in group 9, posted by rank 1" in f.detail
     assert rep.stalled_collective is not None and rep.stalled_collective.op == "send"
 
 
