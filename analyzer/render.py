@@ -75,7 +75,13 @@ def render(report: Report, console: Console) -> None:
         lt.add_column("host / state")
         lt.add_column("last completed")
         lt.add_column("last entered")
-        lt.add_column("call site (FR) / stack now", no_wrap=True, overflow="ellipsis", min_width=16)
+        # Leave the other columns room: this one is cut, theirs wrap.
+        lt.add_column(
+            "call site (FR) / stack now",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=max(24, console.width - 52),
+        )
         for r in report.lagging_ranks[:MAX_LAGGING_ROWS]:
             ev = report.evidence.get(r)
             lt.add_row(str(r), *_evidence_cells(ev))

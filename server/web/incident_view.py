@@ -11,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hangwatch.analyzer.report import Finding, RankEvidence, Report
+from hangwatch.analyzer.report import Finding, GroupProgress, RankEvidence, Report
+from hangwatch.analyzer.text import finding_roles, group_sort_key
 from hangwatch.server.web import timeline, waitgraph
 from markupsafe import Markup
 
@@ -90,10 +91,20 @@ class IncidentView:
     unreachable: list[Unreachable]
     graph: waitgraph.WaitGraph
     graph_svg: Markup
-    timelines: list[timeline.GroupTimeline]
+    timelines: timeline.Timelines
     edge_rows: list[tuple[list[int], list[int], str]]  # waiting, waits on, "group g #seq"
-    findings: list[Finding]
+    findings: list[FindingRow]
     evidence_rows: list[RankEvidence]
+    groups: list[GroupProgress]  # in numeric order
+    # Reachability is known only for a live incident (the coordinator asked
+    # every rank); a post-mortem knows only which ranks left no dump.
+    live: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class FindingRow:
+    finding: Finding
+    roles: list[tuple[str, list[int]]]  # text.finding_roles: blamed vs waiting
 
 
 def _gpu_items(gpu: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -161,6 +172,11 @@ def build(report: Report, info: IncidentInfo | None = None) -> IncidentView:
         graph_svg=waitgraph.render_svg(graph),
         timelines=timeline.build(report),
         edge_rows=[(by_id[e.src].ranks, by_id[e.dst].ranks, e.label()) for e in graph.edges],
-        findings=report.findings,
+        findings=[
+            FindingRow(finding=f, roles=finding_roles(f.kind, f.ranks, report.lagging_ranks))
+            for f in report.findings
+        ],
         evidence_rows=[report.evidence[r] for r in sorted(report.evidence)],
+        groups=sorted(report.groups, key=lambda g: group_sort_key(g.group)),
+        live=info is not None,
     )

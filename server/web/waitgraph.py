@@ -31,6 +31,12 @@ MAX_LABELS_PER_EDGE = 3
 # Beyond this many edges, labels drawn on the lines only overlap each other:
 # they move to each edge's tooltip and the table under the graph.
 MAX_LABELLED_EDGES = 12
+# Edge labels are set in an 11 px monospace font (app.css: .wf-label), so
+# their width is known here, whatever fonts the viewer has (0.6 em a character).
+LABEL_CHAR_W = 6.8
+LABEL_H = 18  # a label with its line under it: the spacing between stacked labels
+STRIP_PAD = 22  # clear space between a label and the boxes on either side
+LOOP_W = 44  # how far an edge between two boxes of one column bends out
 
 
 @dataclass(kw_only=True)
@@ -54,6 +60,12 @@ class Edge:
     src: int
     dst: int
     waits: set[tuple[str, int]] = field(default_factory=set)  # (group, seq)
+    # Where it is drawn (set by the layout): the SVG path, and the label's
+    # centre and width; label_w 0 means the label is only in the tooltip.
+    path: str = ""
+    label_x: float = 0.0
+    label_y: float = 0.0
+    label_w: float = 0.0
 
     def label(self) -> str:
         items = sorted(self.waits, key=lambda gs: (gs[0], gs[1]))
@@ -69,6 +81,8 @@ class WaitGraph:
     edges: list[Edge]
     dropped_nodes: int = 0
     box_w: float = BOX_W
+    width: float = 0.0
+    height: float = 0.0
 
     @property
     def roots(self) -> list[int]:
@@ -190,21 +204,84 @@ def build(
         col.sort(key=centre if lyr > 0 else (lambda n: (0.0, n.ranks[0])))
         for i, n in enumerate(col):
             slot[n.id] = float(i)
-            n.x = PAD + (max_layer - lyr) * (box_w + COL_GAP)
             n.y = PAD + 24 + i * (BOX_H + ROW_GAP)
-    return WaitGraph(nodes=nodes, edges=graph_edges, dropped_nodes=dropped, box_w=box_w)
+    width, height = _route(nodes, graph_edges, box_w, max_layer)
+    return WaitGraph(
+        nodes=nodes,
+        edges=graph_edges,
+        dropped_nodes=dropped,
+        box_w=box_w,
+        width=width,
+        height=height,
+    )
 
 
-def _border_point(n: Node, w: float, tx: float, ty: float) -> tuple[float, float]:
-    """Where the line from n's centre towards (tx, ty) leaves n's box."""
-    cx, cy = n.x + w / 2, n.y + BOX_H / 2
-    dx, dy = tx - cx, ty - cy
-    if dx == 0 and dy == 0:
-        return cx, cy
-    sx = (w / 2) / abs(dx) if dx else math.inf
-    sy = (BOX_H / 2) / abs(dy) if dy else math.inf
-    s = min(sx, sy)
-    return cx + dx * s, cy + dy * s
+def _route(nodes: list[Node], edges: list[Edge], bw: float, max_layer: int) -> tuple[float, float]:
+    """Place the columns and draw every edge through its label; returns (width, height).
+
+    Each label sits in the strip between two columns (the one beside its
+    target, on the side its waiter is; right of the column for an edge
+    within one), never over a box. A strip is as wide as its longest label,
+    and the labels in one strip are stacked apart, so none overlaps another;
+    each edge runs through its own label.
+    """
+    ncols = max_layer + 1
+    col = {n.id: max_layer - n.layer for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    labelled = len(edges) <= MAX_LABELLED_EDGES
+    strip = [col[e.dst] if col[e.src] < col[e.dst] else col[e.dst] + 1 for e in edges]
+    widths = [0.0] + [float(COL_GAP)] * (ncols - 1) + [0.0]  # strip k is left of column k
+    loop = [col[e.src] == col[e.dst] for e in edges]
+    for e, k, lp in zip(edges, strip, loop, strict=True):
+        e.label_w = LABEL_CHAR_W * len(e.label()) + 8 if labelled else 0.0
+        need = (LOOP_W + e.label_w) if lp else e.label_w
+        widths[k] = max(widths[k], need + 2 * STRIP_PAD)
+    col_x = [PAD + sum(widths[1 : c + 1]) + c * bw for c in range(ncols)]
+    for n in nodes:
+        n.x = col_x[col[n.id]]
+
+    def mid_y(n: Node) -> float:
+        return n.y + BOX_H / 2
+
+    wanted: dict[int, list[tuple[float, float, Edge]]] = defaultdict(list)
+    for e, k, lp in zip(edges, strip, loop, strict=True):
+        a, b = by_id[e.src], by_id[e.dst]
+        left = col_x[k - 1] + bw
+        # A loop's label starts where the loop turns; any other is centred in its strip.
+        e.label_x = left + LOOP_W + e.label_w / 2 if lp else left + widths[k] / 2
+        ax, bx = a.x + bw / 2, b.x + bw / 2
+        t = 0.5 if abs(bx - ax) < 1 else min(1.0, max(0.0, (e.label_x - ax) / (bx - ax)))
+        wanted[k].append((mid_y(a) + t * (mid_y(b) - mid_y(a)), mid_y(a), e))
+    top = PAD + 24 + LABEL_H
+    for items in wanted.values():
+        prev = -math.inf
+        for want, _, e in sorted(items, key=lambda it: (it[0], it[1])):
+            e.label_y = max(want, top, prev + LABEL_H) if labelled else want
+            prev = e.label_y
+
+    for e in edges:
+        a, b = by_id[e.src], by_id[e.dst]
+        cx, ty, half = e.label_x, e.label_y, e.label_w / 2
+        sx = a.x + bw if a.x + bw / 2 < cx else a.x
+        ex = b.x + bw if b.x + bw / 2 < cx else b.x
+        sy, ey = mid_y(a), mid_y(b)
+        if sx < cx and ex < cx:  # both in the column left of the strip: loop out and back
+            p = cx - half - 2
+            m = (sx + p) / 2
+            e.path = (
+                f"M {_f(sx)} {_f(sy)} C {_f(m)} {_f(sy)} {_f(m)} {_f(ty)} {_f(p)} {_f(ty)} "
+                f"C {_f(m)} {_f(ty)} {_f(m)} {_f(ey)} {_f(ex)} {_f(ey)}"
+            )
+            continue
+        p, q = (cx - half, cx + half) if sx < cx else (cx + half, cx - half)
+        m1, m2 = (sx + p) / 2, (q + ex) / 2
+        e.path = (
+            f"M {_f(sx)} {_f(sy)} C {_f(m1)} {_f(sy)} {_f(m1)} {_f(ty)} {_f(p)} {_f(ty)} "
+            f"L {_f(q)} {_f(ty)} C {_f(m2)} {_f(ty)} {_f(m2)} {_f(ey)} {_f(ex)} {_f(ey)}"
+        )
+    width = col_x[-1] + bw + widths[ncols] + PAD
+    bottom = max([n.y + BOX_H for n in nodes] + [e.label_y + LABEL_H / 2 for e in edges])
+    return width, bottom + PAD + 10
 
 
 def _f(v: float) -> str:
@@ -216,10 +293,9 @@ def render_svg(graph: WaitGraph) -> Markup:
     if not graph.nodes:
         return Markup("")
     bw = graph.box_w
-    width = max(n.x for n in graph.nodes) + bw + PAD
-    height = max(n.y for n in graph.nodes) + BOX_H + PAD + 10
+    width, height = graph.width, graph.height
     by_id = {n.id: n for n in graph.nodes}
-    pairs = {(e.src, e.dst) for e in graph.edges}
+    labelled = len(graph.edges) <= MAX_LABELLED_EDGES
     parts: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="waitgraph" role="img" '
         f'width="{_f(width)}" height="{_f(height)}" viewBox="0 0 {_f(width)} {_f(height)}" '
@@ -229,41 +305,24 @@ def render_svg(graph: WaitGraph) -> Markup:
         'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
         'class="wf-arrowhead"/></marker></defs>',
         f'<text class="wf-caption" x="{PAD}" y="{PAD}">waiting ranks &#8594; the ranks they wait on'
-        + (
-            ""
-            if len(graph.edges) <= MAX_LABELLED_EDGES
-            else " (hover an edge for its group and sequence number)"
-        )
+        + ("" if labelled else " (hover an edge for its group and sequence number)")
         + "</text>",
     ]
+    labels: list[str] = []
     for e in graph.edges:
         a, b = by_id[e.src], by_id[e.dst]
-        bx, by = b.x + bw / 2, b.y + BOX_H / 2
-        ax, ay = a.x + bw / 2, a.y + BOX_H / 2
-        x1, y1 = _border_point(a, bw, bx, by)
-        x2, y2 = _border_point(b, bw, ax, ay)
-        # Bend edges that would overlap: two-way pairs and same-column edges.
-        bend = 0.0
-        if (e.dst, e.src) in pairs or a.layer == b.layer:
-            bend = 45.0
-        mx, my = (x1 + x2) / 2, (y1 + y2) / 2
-        length = math.hypot(x2 - x1, y2 - y1) or 1.0
-        nx, ny = -(y2 - y1) / length, (x2 - x1) / length
-        cx, cy = mx + nx * bend, my + ny * bend
-        lx, ly = 0.25 * x1 + 0.5 * cx + 0.25 * x2, 0.25 * y1 + 0.5 * cy + 0.25 * y2
         cls = "wf-edge wf-edge-cycle" if a.kind == "cycle" and b.kind == "cycle" else "wf-edge"
         label = escape(e.label())
+        title = f"<title>{escape(a.label)} waits on {escape(b.label)}: {label}</title>"
         parts.append(
-            f'<g class="{cls}"><title>{escape(a.label)} waits on {escape(b.label)}: {label}</title>'
-            f'<path d="M {_f(x1)} {_f(y1)} Q {_f(cx)} {_f(cy)} {_f(x2)} {_f(y2)}" '
-            f'marker-end="url(#wf-arrow)"/>'
-            + (
-                f'<text x="{_f(lx)}" y="{_f(ly - 4)}" text-anchor="middle">{label}</text>'
-                if len(graph.edges) <= MAX_LABELLED_EDGES
-                else ""
-            )
-            + "</g>"
+            f'<g class="{cls}">{title}<path d="{e.path}" marker-end="url(#wf-arrow)"/></g>'
         )
+        if labelled:
+            # Just above its own line, and drawn after the boxes: nothing hides a label.
+            labels.append(
+                f'<g class="wf-label">{title}<text x="{_f(e.label_x)}" y="{_f(e.label_y - 4)}" '
+                f'text-anchor="middle">{label}</text></g>'
+            )
     for n in graph.nodes:
         tip = f"{n.label}: {n.kind}; ranks {rank_ranges(n.ranks)}"
         parts.append(
@@ -273,5 +332,6 @@ def render_svg(graph: WaitGraph) -> Markup:
             f'<text x="{_f(n.x + bw / 2)}" y="{_f(n.y + BOX_H / 2 + 5)}" '
             f'text-anchor="middle">{escape(n.label)}</text></g>'
         )
+    parts += labels
     parts.append("</svg>")
     return Markup("".join(parts))
