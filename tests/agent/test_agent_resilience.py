@@ -118,6 +118,7 @@ def test_reconnects_within_five_seconds_after_coordinator_restart(tmp_path: Path
             took = _wait(lambda: _agent_ids(coord2) == ["node-r"], 10)
             # A restarted coordinator knows no session: the agent re-registered, < 5 s.
             assert took < 5.0, took
+
             # An empty queue is not delivery: the sender takes an event off the
             # queue before its RPC lands (the race this test used to lose under load).
             def delivered() -> list[str]:
