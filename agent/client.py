@@ -128,18 +128,33 @@ class CoordinatorClient:
 
     # --- reports ------------------------------------------------------------
 
-    def report_progress(self, seq: int, ranks: list[pb.RankProgress]) -> None:
+    def report_progress(
+        self,
+        seq: int,
+        ranks: list[pb.RankProgress],
+        *,
+        clock_offset_ns: int = 0,
+        clock_error_ns: int = 0,
+    ) -> None:
         req = pb.ProgressReport(
             job_id=self.cfg.job_id,
             agent_id=self.agent_id,
             session_id=self.session_id,
             report_seq=seq,
             ranks=ranks,
+            clock_offset_ns=clock_offset_ns,
+            clock_error_ns=clock_error_ns,
         )
         ack = self.stub.ReportProgress(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
         if not ack.known:
             self.invalidate()
             raise StaleSession("progress: session unknown")
+
+    def health(self, req: pb.HealthRequest) -> pb.HealthResponse:
+        resp: pb.HealthResponse = self.stub.Health(
+            req, timeout=UNARY_DEADLINE_S, metadata=self.metadata
+        )
+        return resp
 
     def report_entries(self, entries: list[pb.FrEntry], dropped: int) -> None:
         req = pb.EntryBatch(

@@ -88,6 +88,8 @@ class RankTracker:
     unhealthy: tuple[str, ...] = ()
     # Highest collective seq per group whose entry says retired (gloo's completion signal).
     retired_seq: dict[str, int] = field(default_factory=dict)
+    # Wall clock (ns) of the last status read: the instant the straggler signal compares.
+    status_wall_ns: int = 0
 
     def __post_init__(self) -> None:
         self.apply_info(self.info)
@@ -277,6 +279,7 @@ class RankTracker:
             state=self.state,  # type: ignore[arg-type]
             groups=groups,
             fr_age_s=fr_age,
+            status_at_ns=self.status_wall_ns,
         )
 
     # --- entries ----------------------------------------------------------
@@ -375,6 +378,7 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
         return out
     doc: dict[str, Any] | None = None
     if t.python_ok or now >= t.python_retry_at:
+        t.status_wall_ns = time.time_ns()
         try:
             doc = json.loads(
                 endpoint.call(t.socket, hook_protocol.STATUS, timeout=STATUS_TIMEOUT_S)
@@ -386,9 +390,12 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             log.debug("rank %d: status handler failed (%s); using the full dump", t.rank, e)
     if doc is None or t.needs_entries(now, entries_after_s):
         # torch's C++ handlers, one per recorder instance: they answer while the GIL is held.
+        wall_ns = time.time_ns()
         fulls = _fetch_full_dumps(t)
         if fulls:
             t.last_entries_fetch = now
+            if doc is None:
+                t.status_wall_ns = wall_ns
         for instance, full in fulls:
             out.entries.extend(t.ingest_entries(full, instance))
             if doc is None:

@@ -29,6 +29,7 @@ import grpc
 from hangwatch.agent import collector, uploader
 from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
 from hangwatch.agent.delta import DeltaReporter
+from hangwatch.agent.lateness import ClockSync, next_tick_delay
 from hangwatch.agent.outbox import BoundedQueue
 from hangwatch.agent.procstate import process_state
 from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan_rankinfo
@@ -80,6 +81,7 @@ class Agent:
         self._progress_seq = 0
         self._progress_sent = 0
         self._delta = DeltaReporter()
+        self.clock = ClockSync()
         self._need_register = True
         self._watchdog_sizes: dict[str, int] = {}
         self._watchdog_reported: set[str] = set()
@@ -110,12 +112,15 @@ class Agent:
         self.start()
         try:
             while not self.stop.is_set():
-                t0 = time.monotonic()
                 try:
                     self.poll_once()
                 except Exception:
                     log.exception("poll failed")
-                self.stop.wait(max(0.0, self.poll_interval - (time.monotonic() - t0)))
+                # On the coordinator's clock grid, so all agents read their
+                # ranks at one instant (the straggler signal compares them).
+                self.stop.wait(
+                    next_tick_delay(self.poll_interval, time.time_ns(), self.clock.offset_ns)
+                )
         finally:
             self.shutdown()
 
@@ -296,13 +301,20 @@ class Agent:
                 raise
             self._progress_sent = 0
             self._delta.reset(self.client.heartbeat_hint)
+        if self.clock.due(time.monotonic()):
+            self.clock.exchange(self.client.health, time.monotonic())
         with self._lock:
             seq, progress = self._progress_seq, list(self._progress)
         if seq > self._progress_sent:
             now = time.monotonic()
             pick = self._delta.select(progress, now)
             if pick is not None:
-                self.client.report_progress(seq, pick[0])
+                self.client.report_progress(
+                    seq,
+                    pick[0],
+                    clock_offset_ns=self.clock.offset_ns,
+                    clock_error_ns=self.clock.error_ns,
+                )
                 self._delta.commit(pick[0], pick[1], now)
             self._progress_sent = seq
         while True:

@@ -8,6 +8,7 @@ from pathlib import Path
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
+from hangwatch.server.stragglers import StragglerMonitor
 
 from hangwatch.config import Config
 
@@ -21,3 +22,4 @@ class ServerContext:
     metrics: Metrics
     grpc_address: str = ""  # "host:port" once bound
     http_address: str = ""  # "http://host:port" once bound
+    stragglers: StragglerMonitor | None = None

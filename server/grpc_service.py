@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
@@ -31,6 +32,7 @@ from hangwatch.server.incidents import IncidentManager
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry, StaleSession
 from hangwatch.server.store import IncidentStore
+from hangwatch.server.stragglers import StragglerMonitor
 from hangwatch.server.uploads import MAX_FILE_BYTES, FileUpload, UploadError, UploadTracker
 from hangwatch.server.validate import Invalid
 
@@ -114,8 +116,10 @@ class CoordinatorService(rpc.CoordinatorServicer):
         metrics: Metrics,
         poll_interval_s: float = 0.0,
         max_file_bytes: int = MAX_FILE_BYTES,
+        stragglers: StragglerMonitor | None = None,
     ) -> None:
         self.registry = registry
+        self.stragglers = stragglers
         self.store = store
         self.incidents = incidents
         self.metrics = metrics
@@ -165,6 +169,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
         except Invalid as e:
             await self._fail(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(e))
         session_id = self.registry.register(request)
+        if self.stragglers is not None:
+            self.stragglers.register(request)
         await asyncio.to_thread(self.store.touch_job, request.job_id)
         log.info(
             "agent %s (%s) registered %d ranks for job %s",
@@ -210,6 +216,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
             lambda: validate.progress_report(request),
             lambda: self.registry.report_progress(request),
         )
+        if known and self.stragglers is not None:
+            self.stragglers.observe(request)
         return pb.ProgressAck(known=known)
 
     async def ReportEntries(
@@ -469,13 +477,17 @@ class CoordinatorService(rpc.CoordinatorServicer):
     async def Health(
         self, request: pb.HealthRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.HealthResponse:
+        received = time.time_ns()
         self._ok("Health")
         return pb.HealthResponse(
+            receive_ns=received,
             serving=not self.stopping.is_set(),
             version=__version__,
             agents_connected=self.registry.agents_connected(),
             dashboard_url=self.dashboard_url,
             stall_timeout_s=self.registry.stall_timeout,
+            # Stamped last, so the caller's offset estimate leaves out our own time.
+            send_ns=time.time_ns(),
         )
 
 

@@ -51,6 +51,10 @@ HELP: Final = {
         "counter",
         "Ranks no dump could be taken from, summed over incidents.",
     ),
+    "hangwatch_stragglers_flagged_total": (
+        "counter",
+        "Times a rank was named a straggler (slow, not hung), over all jobs.",
+    ),
     "hangwatch_agents_lost_total": (
         "counter",
         "Agents that went silent past the agent-lost timeout.",

@@ -133,30 +133,36 @@ class GroupProgress(_message.Message):
     def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ...) -> None: ...
 
 class RankProgress(_message.Message):
-    __slots__ = ("rank", "state", "groups", "fr_age_s")
+    __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     FR_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    STATUS_AT_NS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     state: ProcessState
     groups: _containers.RepeatedCompositeFieldContainer[GroupProgress]
     fr_age_s: float
-    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ...) -> None: ...
+    status_at_ns: int
+    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ...) -> None: ...
 
 class ProgressReport(_message.Message):
-    __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks")
+    __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks", "clock_offset_ns", "clock_error_ns")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ERROR_NS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     agent_id: str
     session_id: str
     report_seq: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
-    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ...) -> None: ...
+    clock_offset_ns: int
+    clock_error_ns: int
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., clock_offset_ns: _Optional[int] = ..., clock_error_ns: _Optional[int] = ...) -> None: ...
 
 class ProgressAck(_message.Message):
     __slots__ = ("known",)
@@ -343,19 +349,25 @@ class DumpResultAck(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("client_send_ns",)
+    CLIENT_SEND_NS_FIELD_NUMBER: _ClassVar[int]
+    client_send_ns: int
+    def __init__(self, client_send_ns: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("serving", "version", "agents_connected", "dashboard_url", "stall_timeout_s")
+    __slots__ = ("serving", "version", "agents_connected", "dashboard_url", "stall_timeout_s", "receive_ns", "send_ns")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENTS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_URL_FIELD_NUMBER: _ClassVar[int]
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_NS_FIELD_NUMBER: _ClassVar[int]
+    SEND_NS_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     version: str
     agents_connected: int
     dashboard_url: str
     stall_timeout_s: float
-    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., stall_timeout_s: _Optional[float] = ...) -> None: ...
+    receive_ns: int
+    send_ns: int
+    def __init__(self, serving: _Optional[bool] = ..., version: _Optional[str] = ..., agents_connected: _Optional[int] = ..., dashboard_url: _Optional[str] = ..., stall_timeout_s: _Optional[float] = ..., receive_ns: _Optional[int] = ..., send_ns: _Optional[int] = ...) -> None: ...
