@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from typing import Annotated, Any
 
@@ -103,6 +104,17 @@ def job_ranks_or_404(ctx: ServerContext, job: str) -> schemas.JobRanks:
     raise HTTPException(404, f"unknown job {job!r}")
 
 
+def job_stragglers_or_404(ctx: ServerContext, job: str) -> schemas.JobStragglersOut:
+    view = ctx.stragglers.view(job) if ctx.stragglers is not None else None
+    if view is None:
+        job_ranks_or_404(ctx, job)  # 404 for a job nobody knows
+        window = ctx.stragglers.window_s if ctx.stragglers is not None else 0.0
+        return schemas.JobStragglersOut(
+            job=job, window_s=window, tick_s=0.0, ranks=[], stragglers=[]
+        )
+    return schemas.JobStragglersOut.model_validate(dataclasses.asdict(view))
+
+
 def incident_or_404(ctx: ServerContext, incident_id: str) -> IncidentRow:
     row = ctx.store.get_incident(incident_id)
     if row is None:
@@ -133,6 +145,17 @@ def api_jobs(request: Request) -> list[schemas.JobSummary]:
 def api_job_ranks(job: str, request: Request) -> schemas.JobRanks:
     """Live progress per rank and group, stalled groups and agents of one job."""
     return job_ranks_or_404(ctx_of(request), job)
+
+
+@router.get(
+    "/api/jobs/{job}/stragglers",
+    response_model=schemas.JobStragglersOut,
+    responses={**NOT_FOUND, **UNAUTHORIZED},
+)
+def api_job_stragglers(job: str, request: Request) -> schemas.JobStragglersOut:
+    """How late each rank enters collectives against its group's median member, over a
+    sliding window, and the ranks named as stragglers (slow, not hung)."""
+    return job_stragglers_or_404(ctx_of(request), job)
 
 
 @router.get("/api/incidents", response_model=list[schemas.IncidentSummary], responses=UNAUTHORIZED)
@@ -238,4 +261,5 @@ def _ready(ok: bool, detail: str) -> JSONResponse:
 def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text format."""
     ctx = ctx_of(request)
-    return PlainTextResponse(prom.render(ctx.metrics, ctx.registry), media_type=prom.CONTENT_TYPE)
+    text = prom.render(ctx.metrics, ctx.registry) + prom.render_stragglers(ctx.stragglers)
+    return PlainTextResponse(text, media_type=prom.CONTENT_TYPE)

@@ -70,6 +70,7 @@ def job_page(job: str, request: Request) -> HTMLResponse:
         cells=cells,
         heat_class=live.heat_columns(len(cells)),
         incidents=incidents,
+        stragglers=api.job_stragglers_or_404(ctx, job),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from hangwatch.server.metrics import DETECTION_BUCKETS, HELP, Metrics
 from hangwatch.server.state import JobRegistry
+from hangwatch.server.stragglers import StragglerMonitor
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -107,4 +108,27 @@ def render(metrics: Metrics, registry: JobRegistry) -> str:
         kind, text = kinds[name]
         _family(lines, name, kind, text)
         lines.extend(families[name])
+    return "\n".join(lines) + "\n"
+
+
+def render_stragglers(monitor: StragglerMonitor | None) -> str:
+    """Per job, two series: its worst lateness score and how many stragglers it has
+    (one series per rank would grow with the job)."""
+    if monitor is None:
+        return ""
+    lines: list[str] = []
+    views = [v for j in monitor.jobs() if (v := monitor.view(j)) is not None]
+    _family(
+        lines,
+        "hangwatch_job_lateness_worst",
+        "gauge",
+        "Largest share of the job's time its peers spent waiting for one rank (sliding window).",
+    )
+    for v in views:
+        lines.append(
+            f"hangwatch_job_lateness_worst{_labels([('job', v.job)])} {_value(v.worst_score)}"
+        )
+    _family(lines, "hangwatch_job_stragglers", "gauge", "Ranks of the job named as stragglers.")
+    for v in views:
+        lines.append(f"hangwatch_job_stragglers{_labels([('job', v.job)])} {len(v.stragglers)}")
     return "\n".join(lines) + "\n"

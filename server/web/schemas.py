@@ -166,3 +166,38 @@ class Ready(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str
+
+
+class RankLatenessOut(BaseModel):
+    rank: int
+    host: str
+    score: float = Field(
+        description="Share of the window's instants at which the rank was behind its group's "
+        "median member: the share of the job's time its peers spend waiting for it."
+    )
+    late_ms: float = Field(description="Mean lateness entering a collective, ms.")
+    group: str = Field(description="The group its score is measured in (its worst).")
+    ticks: int = Field(description="Instants observed in the window.")
+    started_score: float | None = Field(
+        None,
+        description="The same share for starting collectives, where the backend records starts.",
+    )
+    straggler: bool
+
+
+class StragglerOut(BaseModel):
+    rank: int
+    host: str
+    score: float
+    late_ms: float
+    since: float = Field(description="Unix seconds when it was named.")
+    kind: str = Field(description="host: enqueues late; device: enqueues on time, starts late.")
+    group: str
+
+
+class JobStragglersOut(BaseModel):
+    job: str
+    window_s: float = Field(description="Length of the sliding window the scores cover.")
+    tick_s: float = Field(description="Interval between the instants compared.")
+    ranks: list[RankLatenessOut]
+    stragglers: list[StragglerOut]
