@@ -258,6 +258,8 @@ class StragglerMonitor:
                     job.dropped_late += 1  # not now on our clock: a wrong clock, or a replay
                     continue
                 tick = (at + self.tick_ns // 2) // self.tick_ns
+                if abs(at - tick * self.tick_ns) > self.tick_ns // 4:
+                    continue  # off the grid: an agent polling faster than the ticks
                 if tick <= job.scored_through:
                     job.dropped_late += 1
                     continue

@@ -1,0 +1,139 @@
+"""Stragglers, live: a real coordinator, a real agent and 4 real gloo ranks under `hangwatch run`.
+
+One rank does half as much work again per step (real CPU compute): the
+coordinator names it, and nobody else, within a minute of training starting.
+The same job without the slow rank: nobody is named, while every rank is scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangwatch import env
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+WORLD = 4
+SLOW = 2
+SCRIPT = Path(__file__).with_name("straggler_job.py")
+
+
+def _get(coordinator: dict[str, str], path: str) -> Any:
+    with urllib.request.urlopen(coordinator["http"] + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@contextmanager
+def _job(coordinator: dict[str, str], tmp: Path, job_id: str, slow: int) -> Iterator[Path]:
+    """Agent and ranks running; yields the stop file. Every process must end cleanly."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    environ[env.HANGWATCH_JOB_ID] = job_id
+    run_dir, store = tmp / "run", tmp / "store"
+    with ExitStack() as files:
+        yield from _processes(coordinator, tmp, environ, run_dir, store, slow, files)
+
+
+def _processes(
+    coordinator: dict[str, str],
+    tmp: Path,
+    environ: dict[str, str],
+    run_dir: Path,
+    store: Path,
+    slow: int,
+    files: ExitStack,
+) -> Iterator[Path]:
+    def log(name: str) -> Any:
+        return files.enter_context((tmp / name).open("wb"))
+
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "hangwatch", "agent", "--coordinator", coordinator["grpc"],
+         "--run-dir", str(run_dir), "--node-id", f"node-{environ[env.HANGWATCH_JOB_ID]}"],
+        env=environ, stdout=subprocess.DEVNULL, stderr=log("agent.log"),
+    )  # fmt: skip
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "hangwatch", "run", "--run-dir", str(run_dir), "--",
+             sys.executable, str(SCRIPT), str(store), str(r), str(WORLD), "120", str(slow)],
+            env=environ, stdout=subprocess.PIPE, stderr=log(f"rank{r}.log"), text=True,
+        )  # fmt: skip
+        for r in range(WORLD)
+    ]
+    stop = Path(str(store) + ".stop")
+    try:
+        yield stop
+    finally:
+        stop.touch()
+        outs = []
+        for r, p in enumerate(ranks):
+            try:
+                out, _ = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            outs.append(out)
+            assert p.returncode == 0, (tmp / f"rank{r}.log").read_text()[-3000:]
+        agent.terminate()
+        assert agent.wait(20) == 0, (tmp / "agent.log").read_text()[-3000:]
+        for r, out in enumerate(outs):
+            print(f"rank {r}: {out.strip()}")  # the step times, for whoever reads the log
+
+
+def _wait_scored(coordinator: dict[str, str], job_id: str, timeout: float = 90) -> float:
+    """When every rank first has lateness ticks: training has started and is being read."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            view = _get(coordinator, f"/api/jobs/{job_id}/stragglers")
+        except urllib.error.HTTPError:
+            view = {"ranks": []}
+        if len(view["ranks"]) == WORLD and all(r["ticks"] > 0 for r in view["ranks"]):
+            return time.monotonic()
+        time.sleep(0.5)
+    raise AssertionError(f"no lateness for {job_id} within {timeout:.0f}s")
+
+
+@pytest.mark.timeout(240)
+def test_live_slow_rank_is_named_and_nobody_else(coordinator: dict[str, str], tmp_path: Path) -> None:
+    job_id = "straggler-slow"
+    with _job(coordinator, tmp_path, job_id, SLOW):
+        started = _wait_scored(coordinator, job_id)
+        view: dict[str, Any] = {}
+        while time.monotonic() - started < 75:
+            view = _get(coordinator, f"/api/jobs/{job_id}/stragglers")
+            if view["stragglers"]:
+                break
+            time.sleep(1.0)
+        named_after = time.monotonic() - started
+        print(f"named after {named_after:.1f} s: {view['stragglers']}")
+        assert [s["rank"] for s in view["stragglers"]] == [SLOW], view
+        assert named_after <= 60, view
+        (s,) = view["stragglers"]
+        assert s["kind"] == "host" and s["host"] == socket.gethostname()
+        assert s["score"] >= 0.1 and s["late_ms"] > 0
+        text = urllib.request.urlopen(coordinator["http"] + "/metrics", timeout=10).read().decode()
+        assert f'hangwatch_job_stragglers{{job="{job_id}"}} 1' in text
+
+
+@pytest.mark.timeout(240)
+def test_live_healthy_job_names_nobody(coordinator: dict[str, str], tmp_path: Path) -> None:
+    job_id = "straggler-healthy"
+    with _job(coordinator, tmp_path, job_id, -1):
+        started = _wait_scored(coordinator, job_id)
+        while time.monotonic() - started < 45:
+            view = _get(coordinator, f"/api/jobs/{job_id}/stragglers")
+            assert view["stragglers"] == [], view
+            time.sleep(1.0)
+        assert all(r["ticks"] >= 30 for r in view["ranks"]), view
+        print("scores:", {r["rank"]: round(r["score"], 3) for r in view["ranks"]})
