@@ -7,8 +7,9 @@ things make "the same instant" true across hosts without touching training:
 - the agent estimates its wall clock's offset from the coordinator's over
   Health round trips, NTP-style, and keeps the estimate from the round trip
   with the smallest delay among recent ones (the delay bounds the error);
-- it polls on a grid of the poll interval laid on the coordinator's clock,
-  so every agent reads its ranks within milliseconds of every other.
+- it polls on a grid of the poll interval laid on the coordinator's clock
+  (hangwatch.pollgrid), so every agent reads its ranks within milliseconds
+  of every other.
 
 The status poll itself is unchanged (microseconds in the rank): lateness
 costs the training processes nothing more.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from hangwatch import pollgrid
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -99,12 +101,10 @@ class ClockSync:
 
 
 def next_tick_delay(interval_s: float, wall_ns: int, offset_ns: int) -> float:
-    """Seconds from `wall_ns` (agent clock) to the next multiple of the interval
-    on the coordinator's clock. Never 0: a poll that overran its tick waits for
-    the next one rather than polling twice in a row."""
+    """Seconds from `wall_ns` (agent clock) to the next poll instant of the grid
+    (hangwatch.pollgrid) on the coordinator's clock. Never 0: a poll that overran
+    its tick waits for the next one rather than polling twice in a row."""
     if interval_s <= 0:
         return 0.0
-    step = int(interval_s * 1e9)
     coord = wall_ns + offset_ns
-    nxt = (coord // step + 1) * step
-    return (nxt - coord) / 1e9
+    return (pollgrid.next_after(coord, int(interval_s * 1e9)) - coord) / 1e9

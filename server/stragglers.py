@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from hangwatch import pollgrid
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server")
@@ -257,8 +258,8 @@ class StragglerMonitor:
                 if abs(at - now) > MAX_SKEW_TICKS * self.tick_ns:
                     job.dropped_late += 1  # not now on our clock: a wrong clock, or a replay
                     continue
-                tick = (at + self.tick_ns // 2) // self.tick_ns
-                if abs(at - tick * self.tick_ns) > self.tick_ns // 4:
+                tick, off = pollgrid.nearest(at, self.tick_ns)
+                if off > self.tick_ns // 8:
                     continue  # off the grid: an agent polling faster than the ticks
                 if tick <= job.scored_through:
                     job.dropped_late += 1
@@ -330,7 +331,9 @@ class StragglerMonitor:
             # rank still has its last counters, read at about this tick.
             if prev is not None and tick - prev[0] <= CARRY_TICKS:
                 r = prev[1]
-                readings[rank] = _Reading(tick * self.tick_ns, r.enqueued, r.started, r.err_ns)
+                readings[rank] = _Reading(
+                    pollgrid.instant_ns(tick, self.tick_ns), r.enqueued, r.started, r.err_ns
+                )
         if len(readings) < 2:
             return []
         ref_at = statistics.median(r.at_ns for r in readings.values())

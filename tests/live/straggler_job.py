@@ -20,7 +20,11 @@ import torch
 import torch.distributed as dist
 
 WORK_S = 0.04
-store, rank, world, seconds, slow = sys.argv[1], *map(int, sys.argv[2:4]), *map(float, sys.argv[4:6])
+store, rank, world, seconds, slow = (
+    sys.argv[1],
+    *map(int, sys.argv[2:4]),
+    *map(float, sys.argv[4:6]),
+)
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 grad = torch.ones(4096)
 go = torch.ones(1)

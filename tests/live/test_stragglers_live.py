@@ -62,14 +62,7 @@ def _processes(
          "--run-dir", str(run_dir), "--node-id", f"node-{environ[env.HANGWATCH_JOB_ID]}"],
         env=environ, stdout=subprocess.DEVNULL, stderr=log("agent.log"),
     )  # fmt: skip
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "hangwatch", "run", "--run-dir", str(run_dir), "--",
-             sys.executable, str(SCRIPT), str(store), str(r), str(WORLD), "120", str(slow)],
-            env=environ, stdout=subprocess.PIPE, stderr=log(f"rank{r}.log"), text=True,
-        )  # fmt: skip
-        for r in range(WORLD)
-    ]
+    ranks = [_rank(environ, run_dir, store, r, slow, log(f"rank{r}.log")) for r in range(WORLD)]
     stop = Path(str(store) + ".stop")
     try:
         yield stop
@@ -90,6 +83,16 @@ def _processes(
             print(f"rank {r}: {out.strip()}")  # the step times, for whoever reads the log
 
 
+def _rank(
+    environ: dict[str, str], run_dir: Path, store: Path, rank: int, slow: int, log: Any
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hangwatch", "run", "--run-dir", str(run_dir), "--",
+         sys.executable, str(SCRIPT), str(store), str(rank), str(WORLD), "120", str(slow)],
+        env=environ, stdout=subprocess.PIPE, stderr=log, text=True,
+    )  # fmt: skip
+
+
 def _wait_scored(coordinator: dict[str, str], job_id: str, timeout: float = 90) -> float:
     """When every rank first has lateness ticks: training has started and is being read."""
     deadline = time.monotonic() + timeout
@@ -105,7 +108,9 @@ def _wait_scored(coordinator: dict[str, str], job_id: str, timeout: float = 90) 
 
 
 @pytest.mark.timeout(240)
-def test_live_slow_rank_is_named_and_nobody_else(coordinator: dict[str, str], tmp_path: Path) -> None:
+def test_live_slow_rank_is_named_and_nobody_else(
+    coordinator: dict[str, str], tmp_path: Path
+) -> None:
     job_id = "straggler-slow"
     with _job(coordinator, tmp_path, job_id, SLOW):
         started = _wait_scored(coordinator, job_id)

@@ -6,6 +6,7 @@ from hangwatch.agent.client import CoordinatorClient
 from hangwatch.agent.lateness import ClockSync, OffsetSample, next_tick_delay, offset_from
 from hangwatch.server.coordinator import Coordinator
 
+from hangwatch import pollgrid
 from hangwatch.config import Config
 from hangwatch.wire import pb
 
@@ -35,13 +36,19 @@ def test_the_smallest_delay_among_recent_round_trips_wins() -> None:
 
 def test_polls_land_on_the_coordinators_grid() -> None:
     second = 1_000_000_000
-    # 0.3 s past a tick of the coordinator's clock, whose clock is 0.25 s ahead of ours.
+    offset = 250_000_000  # the coordinator's clock is 0.25 s ahead of ours
     wall = 41 * second + 50_000_000
-    delay = next_tick_delay(1.0, wall, offset_ns=250_000_000)
-    assert abs(delay - 0.7) < 1e-9
-    assert (wall + int(delay * 1e9) + 250_000_000) % second == 0
-    # Exactly on a tick: the next one, never a second poll now.
-    assert next_tick_delay(1.0, 42 * second, 0) == 1.0
+    instants = {pollgrid.instant_ns(k, second) for k in range(30, 60)}
+    delay = next_tick_delay(1.0, wall, offset_ns=offset)
+    assert 0 < delay <= 1.5
+    assert wall + offset + round(delay * 1e9) in instants
+    # On an instant: the next one, never a second poll now.
+    on = pollgrid.instant_ns(45, second)
+    assert on + round(next_tick_delay(1.0, on, 0) * 1e9) == pollgrid.instant_ns(46, second)
+    # The dither spreads the instants over half a tick, the same for every agent.
+    phases = sorted((pollgrid.instant_ns(k, second) % second) / second for k in range(100))
+    assert phases[0] < 0.02 and phases[-1] > 0.48 and max(phases) < 0.5
+    assert pollgrid.nearest(on + 3_000_000, second) == (45, 3_000_000)
 
 
 def test_exchange_with_a_real_coordinator(coordinator: Coordinator) -> None:

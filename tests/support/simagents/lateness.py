@@ -33,6 +33,7 @@ from typing import Any
 from hangwatch.agent.delta import DeltaReporter
 from hangwatch.server.stragglers import JobStragglers, Straggler, StragglerMonitor
 
+from hangwatch import pollgrid
 from hangwatch.wire import pb
 
 GROUP = "0"
@@ -155,7 +156,7 @@ class Readings:
 
     def reports(self, tick: int) -> Iterator[pb.ProgressReport]:
         tl = self.timeline
-        nominal = tick * self.tick_s
+        nominal = pollgrid.instant_ns(tick, int(self.tick_s * 1e9)) / 1e9
         for a in self.agents:
             ranks = []
             for r in a.ranks:
