@@ -184,6 +184,34 @@
     });
   }
 
+  // ---- job page: lateness strip and stragglers (job_stragglers.html) ----
+  function latenessBucket(score) {
+    return score < 0.02 ? "lag0" : score < 0.05 ? "lag1" : score < 0.1 ? "lag2" : score < 0.25 ? "lag3" : "lag4";
+  }
+
+  function stragglersPanel() {
+    const strip = document.getElementById("lateness-map");
+    const table = document.getElementById("stragglers-table");
+    if (!strip || !table) return;
+    const url = "/api/jobs/" + encodeURIComponent(document.body.getAttribute("data-job")) + "/stragglers";
+    const pct = (x) => (100 * x).toFixed(1) + "%";
+    poll(async () => {
+      const s = await getJSON(url);
+      strip.replaceChildren(...s.ranks.map((r) => {
+        const c = el("div", null, "cell " + latenessBucket(r.score) + (r.straggler ? " stalled" : ""));
+        c.setAttribute("role", "listitem");
+        c.setAttribute("data-rank", String(r.rank));
+        c.setAttribute("title", "rank " + r.rank + " | " + r.host + " | behind " + pct(r.score) + " of the time | " +
+          r.late_ms.toFixed(1) + " ms late | group " + r.group);
+        return c;
+      }));
+      fillBody(table, s.stragglers.map((x) => [
+        td(x.rank, "num bad"), td(x.host), td(pct(x.score), "num"), td(x.late_ms.toFixed(1) + " ms", "num"),
+        td(x.kind), td(x.group, "mono"), td(when(x.since), "num"),
+      ]), "No stragglers.", 7);
+    });
+  }
+
   // ---- incident lists (jobs page and incidents page) ----
   function incidentRows(items) {
     return items.map((i) => {
@@ -260,7 +288,7 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const page = document.body.getAttribute("data-page");
-    if (page === "job") jobPage();
+    if (page === "job") { jobPage(); stragglersPanel(); }
     else if (page === "incidents") incidentsPage();
     else if (page === "jobs") jobsPage();
     else if (page === "incident-pending") pendingPage();
