@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hangwatch.server.live_metrics import LiveGauges
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
@@ -23,3 +24,9 @@ class ServerContext:
     grpc_address: str = ""  # "host:port" once bound
     http_address: str = ""  # "http://host:port" once bound
     stragglers: StragglerMonitor | None = None
+
+    def __post_init__(self) -> None:
+        # /metrics serves what this context sees: its registry, store, stragglers, settings.
+        self.metrics.add_collector(
+            LiveGauges(self.registry, self.store, self.config, stragglers=self.stragglers)
+        )

@@ -63,7 +63,7 @@ def analyse_and_store(
     metrics.inc(
         "hangwatch_incidents_total", labels={"verdict": report.verdict, "trigger": inc.trigger}
     )
-    metrics.observe("hangwatch_detection_seconds", detection_s)
+    metrics.observe("hangwatch_detection_latency_seconds", detection_s)
     log.warning(
         "incident %s analysed in %.2fs (%.1fs after onset): %s",
         inc.incident_id,

@@ -379,6 +379,9 @@ class IncidentManager:
         stored = {r for r in pending if fr_stored(bundle, r)}
         with self._lock:
             dumped, unreachable = inc.settle(stored, self.dump_deadline)
+        if inc.asked:  # a recovered incident's collection began in an earlier run
+            opened = inc.deadline - self.dump_deadline
+            self.metrics.observe("hangwatch_collection_seconds", self.registry.now() - opened)
         return analyse_and_store(
             inc,
             dumped,

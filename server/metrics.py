@@ -1,190 +1,244 @@
-"""The coordinator's own counters and histograms, in plain Python.
+"""The coordinator's metrics: one `prometheus_client` registry per server.
 
-No prometheus_client dependency: the dashboard renders `/metrics` from
-`Metrics.samples()` (or `render_prometheus()`), and tests read values directly.
-Label sets are small and fixed (verdict, trigger, method, code), so memory
-stays bounded.
+Every family is declared once, in `FAMILIES`, with its type, help and label
+names; code records by family name (`metrics.inc("hangwatch_incidents_total",
+labels={...})`) and tests read values back the same way. A registry of its
+own, never the process-global default, lets servers (and tests) run side by
+side. Gauges read from live state at scrape time (agents, ranks, per-job
+stall state) come from collectors added with `add_collector`
+(`server/live_metrics.py`). The families, what they mean and the alert rules
+built on them are in docs/operations.md, "Monitoring".
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+# `_created` series double every counter and histogram and no rule reads them.
+prometheus_client.disable_created_metrics()
+
+# What `generate_latest` writes: the text format every Prometheus since 2.0 scrapes.
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 # Detection latency spans the stall timeout (seconds) plus dump and analysis.
 DETECTION_BUCKETS: Final = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0)
+# Collection ends at the dump deadline (15 s by default) or when every rank answered.
+COLLECTION_BUCKETS: Final = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 ANALYSIS_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-
-Labels = tuple[tuple[str, str], ...]
-
-HELP: Final = {
-    "hangwatch_incidents_total": (
-        "counter",
-        "Incidents analysed or failed, by verdict and trigger.",
-    ),
-    "hangwatch_incidents_opened_total": ("counter", "Incidents opened, by trigger."),
-    "hangwatch_incidents_by_state": (
-        "gauge",
-        "Stored incidents by state (collecting, analyzed, resolved, ended, failed).",
-    ),
-    "hangwatch_incidents_open": (
-        "gauge",
-        "Incidents still open (collecting or analyzed); resolved and ended ones do not count.",
-    ),
-    "hangwatch_incident_transitions_total": (
-        "counter",
-        "Incidents entering a state (resolved, ended, ...), by state and trigger.",
-    ),
-    "hangwatch_detection_seconds": ("histogram", "From stall onset to verdict stored."),
-    "hangwatch_analysis_seconds": ("histogram", "Analyzer wall time per incident."),
-    "hangwatch_grpc_requests_total": ("counter", "gRPC calls handled, by method and status code."),
-    "hangwatch_upload_bytes_total": ("counter", "Bundle bytes stored."),
-    "hangwatch_upload_files_total": (
-        "counter",
-        "Bundle files by outcome (stored, duplicate, rejected).",
-    ),
-    "hangwatch_ranks_unreachable_total": (
-        "counter",
-        "Ranks no dump could be taken from, summed over incidents.",
-    ),
-    "hangwatch_stragglers_flagged_total": (
-        "counter",
-        "Times a rank was named a straggler (slow, not hung), over all jobs.",
-    ),
-    "hangwatch_agents_lost_total": (
-        "counter",
-        "Agents that went silent past the agent-lost timeout.",
-    ),
-}
-
-
-def _labels(labels: Mapping[str, str] | None) -> Labels:
-    return tuple(sorted((k, str(v)) for k, v in (labels or {}).items()))
-
-
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; last is +Inf
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        out, acc = [], 0
-        for le, c in zip((*self.buckets, math.inf), self.counts, strict=True):
-            acc += c
-            out.append((le, acc))
-        return out
+# From an incident changing state to the receiver's 2xx, retries included.
+DELIVERY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Sample:
-    name: str  # metric name, with _bucket/_sum/_count for histograms
-    labels: Labels
-    value: float
+class Family:
+    name: str  # as exposed; counters end in _total
+    kind: str  # counter | gauge | histogram
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+FAMILIES: Final = (
+    Family(
+        name="hangwatch_incidents_total",
+        kind="counter",
+        help="Incidents analysed or failed, by verdict and trigger.",
+        labels=("verdict", "trigger"),
+    ),
+    Family(
+        name="hangwatch_incidents_opened_total",
+        kind="counter",
+        help="Incidents opened, by trigger.",
+        labels=("trigger",),
+    ),
+    Family(
+        name="hangwatch_incidents_by_state",
+        kind="gauge",
+        help="Stored incidents by state (collecting, analyzed, resolved, ended, failed).",
+        labels=("state",),
+    ),
+    Family(
+        name="hangwatch_incidents_open",
+        kind="gauge",
+        help="Incidents still open (collecting or analyzed); resolved and ended ones do not count.",
+    ),
+    Family(
+        name="hangwatch_incident_transitions_total",
+        kind="counter",
+        help="Incidents entering a state (resolved, ended, ...), by state and trigger.",
+        labels=("state", "trigger"),
+    ),
+    Family(
+        name="hangwatch_detection_latency_seconds",
+        kind="histogram",
+        help="Seconds from the onset of a stall to its verdict being stored.",
+        buckets=DETECTION_BUCKETS,
+    ),
+    Family(
+        name="hangwatch_collection_seconds",
+        kind="histogram",
+        help="Seconds from an incident opening to its dumps being settled (every rank answered"
+        " for, or the dump deadline).",
+        buckets=COLLECTION_BUCKETS,
+    ),
+    Family(
+        name="hangwatch_analysis_seconds",
+        kind="histogram",
+        help="Analyzer wall time per incident.",
+        buckets=ANALYSIS_BUCKETS,
+    ),
+    Family(
+        name="hangwatch_grpc_requests_total",
+        kind="counter",
+        help="gRPC calls handled, by method and status code.",
+        labels=("method", "code"),
+    ),
+    Family(name="hangwatch_upload_bytes_total", kind="counter", help="Bundle bytes stored."),
+    Family(
+        name="hangwatch_upload_files_total",
+        kind="counter",
+        help="Bundle files by outcome (stored, duplicate, rejected).",
+        labels=("outcome",),
+    ),
+    Family(
+        name="hangwatch_ranks_unreachable_total",
+        kind="counter",
+        help="Ranks no dump could be taken from, summed over incidents.",
+    ),
+    Family(
+        name="hangwatch_agents_lost_total",
+        kind="counter",
+        help="Agents that went silent past the agent-lost timeout.",
+    ),
+    Family(
+        name="hangwatch_notifications_total",
+        kind="counter",
+        help="Webhook notifications by event and outcome: delivered, failed (a permanent"
+        " error, or retries used up) or dropped (queue full, or still queued at shutdown).",
+        labels=("event", "outcome"),
+    ),
+    Family(
+        name="hangwatch_notification_retries_total",
+        kind="counter",
+        help="Webhook deliveries tried again after a transient failure.",
+    ),
+    Family(
+        name="hangwatch_notification_queue",
+        kind="gauge",
+        help="Notifications waiting to be delivered, over every webhook.",
+    ),
+    Family(
+        name="hangwatch_notification_delivery_seconds",
+        kind="histogram",
+        help="Seconds from an incident changing state to its webhook answering 2xx.",
+        buckets=DELIVERY_BUCKETS,
+    ),
+    Family(
+        name="hangwatch_actions_total",
+        kind="counter",
+        help="Actions taken on incidents (abort, exclude), by action and outcome.",
+        labels=("action", "outcome"),
+    ),
+)
+
+_BY_NAME: Final = {f.name: f for f in FAMILIES}
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistogramValue:
+    """A histogram read back: cumulative (upper bound, count) pairs, +Inf last."""
+
+    buckets: list[tuple[float, float]]
+    total: float
+    n: int
 
 
 class Metrics:
+    """One server's registry and its families, addressed by name."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[str, dict[Labels, float]] = {}
-        self._hists: dict[str, dict[Labels, Histogram]] = {}
-        self._buckets: dict[str, tuple[float, ...]] = {
-            "hangwatch_detection_seconds": DETECTION_BUCKETS,
-            "hangwatch_analysis_seconds": ANALYSIS_BUCKETS,
-        }
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, Counter | Gauge | Histogram] = {}
+        for f in FAMILIES:
+            self._families[f.name] = _make(f, self.registry)
 
-    def inc(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
-        with self._lock:
-            series = self._counters.setdefault(name, {})
-            key = _labels(labels)
-            series[key] = series.get(key, 0.0) + value
+    def inc(self, name: str, value: float = 1.0, labels: Labels | None = None) -> None:
+        m = self._child(name, "counter", labels)
+        assert isinstance(m, Counter)
+        m.inc(value)
 
-    def set(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
-        """A gauge: the series takes `value` (HELP gives it its type)."""
-        with self._lock:
-            self._counters.setdefault(name, {})[_labels(labels)] = float(value)
+    def set(self, name: str, value: float, labels: Labels | None = None) -> None:
+        m = self._child(name, "gauge", labels)
+        assert isinstance(m, Gauge)
+        m.set(value)
 
-    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
-        with self._lock:
-            series = self._hists.setdefault(name, {})
-            key = _labels(labels)
-            h = series.get(key)
-            if h is None:
-                h = series[key] = Histogram(self._buckets.get(name, DETECTION_BUCKETS))
-            h.observe(value)
+    def observe(self, name: str, value: float, labels: Labels | None = None) -> None:
+        m = self._child(name, "histogram", labels)
+        assert isinstance(m, Histogram)
+        m.observe(value)
 
-    def counter(self, name: str, labels: Mapping[str, str] | None = None) -> float:
-        with self._lock:
-            return self._counters.get(name, {}).get(_labels(labels), 0.0)
+    def value(self, name: str, labels: Labels | None = None) -> float:
+        """A counter's or gauge's current value (0 before the first sample)."""
+        v = self.registry.get_sample_value(name, dict(labels or {}))
+        return 0.0 if v is None else v
+
+    # The name tests have always read counters and gauges with.
+    counter = value
 
     def counter_total(self, name: str) -> float:
-        with self._lock:
-            return sum(self._counters.get(name, {}).values())
+        """The sum over every label set of a counter or gauge."""
+        return sum(s.value for s in self._samples(name) if s.name == name)
 
-    def histogram(self, name: str, labels: Mapping[str, str] | None = None) -> Histogram | None:
-        with self._lock:
-            h = self._hists.get(name, {}).get(_labels(labels))
-            return None if h is None else Histogram(h.buckets, list(h.counts), h.total, h.n)
+    def histogram(self, name: str, labels: Labels | None = None) -> HistogramValue | None:
+        want = dict(labels or {})
+        rows = [
+            s
+            for s in self._samples(name)
+            if {k: v for k, v in s.labels.items() if k != "le"} == want
+        ]
+        count = next((s.value for s in rows if s.name == f"{name}_count"), None)
+        if count is None:
+            return None
+        buckets = [(float(s.labels["le"]), s.value) for s in rows if s.name == f"{name}_bucket"]
+        total = next(s.value for s in rows if s.name == f"{name}_sum")
+        return HistogramValue(buckets=buckets, total=total, n=int(count))
 
-    def samples(self) -> list[Sample]:
-        out: list[Sample] = []
-        with self._lock:
-            for name, series in sorted(self._counters.items()):
-                out.extend(Sample(name=name, labels=k, value=v) for k, v in sorted(series.items()))
-            for name, hseries in sorted(self._hists.items()):
-                for k, h in sorted(hseries.items()):
-                    for le, acc in h.cumulative():
-                        le_s = "+Inf" if math.isinf(le) else repr(le)
-                        out.append(
-                            Sample(name=f"{name}_bucket", labels=(*k, ("le", le_s)), value=acc)
-                        )
-                    out.append(Sample(name=f"{name}_sum", labels=k, value=h.total))
-                    out.append(Sample(name=f"{name}_count", labels=k, value=h.n))
-        return out
+    def add_collector(self, collector: Collector) -> None:
+        """Families computed at scrape time (live state), in this server's registry."""
+        self.registry.register(collector)
 
-    def render_prometheus(self, extra: Iterable[tuple[str, str, str, float]] = ()) -> str:
-        """Prometheus text format. `extra` adds gauges: (name, type, help, value)."""
-        lines: list[str] = []
-        seen: set[str] = set()
-        for s in self.samples():
-            base = s.name
-            for suffix in ("_bucket", "_sum", "_count"):
-                if base.endswith(suffix) and base[: -len(suffix)] in self._hists:
-                    base = base[: -len(suffix)]
-            if base not in seen:
-                seen.add(base)
-                kind, text = HELP.get(base, ("untyped", base))
-                lines += [f"# HELP {base} {text}", f"# TYPE {base} {kind}"]
-            lines.append(f"{s.name}{_fmt_labels(s.labels)} {_fmt_value(s.value)}")
-        for name, kind, text, value in extra:
-            lines += [
-                f"# HELP {name} {text}",
-                f"# TYPE {name} {kind}",
-                f"{name} {_fmt_value(value)}",
-            ]
-        return "\n".join(lines) + "\n"
+    def render(self) -> str:
+        """The Prometheus text exposition (`CONTENT_TYPE`)."""
+        return prometheus_client.generate_latest(self.registry).decode("utf-8")
+
+    # The name callers used before the registry existed.
+    render_prometheus = render
+
+    def _child(self, name: str, kind: str, labels: Labels | None) -> Counter | Gauge | Histogram:
+        f = _BY_NAME.get(name)
+        if f is None or f.kind != kind:
+            raise ValueError(f"no {kind} named {name!r} in hangwatch.server.metrics.FAMILIES")
+        m = self._families[name]
+        return m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
+
+    def _samples(self, name: str) -> Iterable[Sample]:
+        for fam in self.registry.collect():
+            if fam.name == name or fam.name == name.removesuffix("_total"):
+                yield from fam.samples
 
 
-def _fmt_labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    esc = [(k, v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")) for k, v in labels]
-    return "{" + ",".join(f'{k}="{v}"' for k, v in esc) + "}"
-
-
-def _fmt_value(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
+def _make(f: Family, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+    if f.kind == "counter":
+        return Counter(f.name, f.help, f.labels, registry=registry)
+    if f.kind == "gauge":
+        return Gauge(f.name, f.help, f.labels, registry=registry)
+    return Histogram(f.name, f.help, f.labels, registry=registry, buckets=f.buckets)

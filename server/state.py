@@ -35,6 +35,7 @@ from hangwatch.server.stalls import scan_stalls
 from hangwatch.server.views import (
     AgentLive,
     GroupLive,
+    JobCensus,
     JobEvent,
     JobSnapshot,
     RankGroupLive,
@@ -56,6 +57,7 @@ __all__ = [
     "AgentLive",
     "Command",
     "GroupLive",
+    "JobCensus",
     "JobEvent",
     "JobRegistry",
     "JobSnapshot",
@@ -127,6 +129,28 @@ class JobRegistry:
                 if (a := in_flight_age(rg, now)) is not None
             ]
             return max(ages) if ages else None
+
+    def census(self) -> list[JobCensus]:
+        """Every job's agents and ranks counted by state, in one pass (no views built)."""
+        out: list[JobCensus] = []
+        with self._lock:
+            for job in self._jobs.values():
+                agents = {"connected": 0, "lost": 0}
+                for a in job.agents.values():
+                    agents["lost" if a.lost else "connected"] += 1
+                ranks: dict[str, int] = {}
+                for r in job.ranks.values():
+                    state = r.process_state if job.observed(r) else "unobserved"
+                    ranks[state] = ranks.get(state, 0) + 1
+                out.append(
+                    JobCensus(
+                        job_id=job.job_id,
+                        agents=agents,
+                        ranks=ranks,
+                        collecting=job.open_incident is not None,
+                    )
+                )
+        return out
 
     def snapshot(self, job_id: str) -> JobSnapshot | None:
         with self._lock:

@@ -408,6 +408,27 @@ class IncidentStore:
         out.update({r["status"]: r["n"] for r in rows})
         return out
 
+    def count_by_verdict_status(self) -> dict[tuple[str, str], int]:
+        """Incidents per (verdict, status); "pending" while no verdict is stored."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT COALESCE(verdict, 'pending') AS v, status, COUNT(*) AS n "
+                "FROM incidents GROUP BY v, status"
+            ).fetchall()
+        return {(r["v"], r["status"]): r["n"] for r in rows}
+
+    def open_by_job(self) -> list[tuple[str, str, str, int, float]]:
+        """Open incidents per (job, verdict or "pending", status): count and oldest `created`."""
+        marks = ", ".join("?" for _ in OPEN_STATUSES)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT job_id, COALESCE(verdict, 'pending') AS v, status, COUNT(*) AS n, "
+                f"MIN(created) AS oldest FROM incidents WHERE status IN ({marks}) "
+                "GROUP BY job_id, v, status",
+                OPEN_STATUSES,
+            ).fetchall()
+        return [(r["job_id"], r["v"], r["status"], r["n"], r["oldest"]) for r in rows]
+
     def journal_mode(self) -> str:
         with self._lock:
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])

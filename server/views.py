@@ -92,6 +92,16 @@ class JobEvent:
 
 
 @dataclass(kw_only=True, frozen=True)
+class JobCensus:
+    """How many of a job's agents and ranks are in each state (for /metrics)."""
+
+    job_id: str
+    agents: dict[str, int]  # connected | lost
+    ranks: dict[str, int]  # a process state, or unobserved (its agent is lost)
+    collecting: bool  # an incident of the job is collecting its dumps
+
+
+@dataclass(kw_only=True, frozen=True)
 class JobSnapshot:
     job_id: str
     world_size: int | None

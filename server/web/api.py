@@ -261,5 +261,4 @@ def _ready(ok: bool, detail: str) -> JSONResponse:
 def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text format."""
     ctx = ctx_of(request)
-    text = prom.render(ctx.metrics, ctx.registry) + prom.render_stragglers(ctx.stragglers)
-    return PlainTextResponse(text, media_type=prom.CONTENT_TYPE)
+    return PlainTextResponse(prom.render(ctx.metrics), media_type=prom.CONTENT_TYPE)

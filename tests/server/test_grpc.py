@@ -177,7 +177,7 @@ def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.Coord
         5,
         "incidents_total{verdict=hang}",
     )
-    hist = coordinator.metrics.histogram("hangwatch_detection_seconds")
+    hist = coordinator.metrics.histogram("hangwatch_detection_latency_seconds")
     assert hist is not None and hist.n == 1
 
     # After the verdict the same stall persists: still no second incident.

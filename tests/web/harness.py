@@ -286,7 +286,7 @@ def insert_incident(
     ctx.metrics.inc(
         "hangwatch_incidents_total", labels={"verdict": report.verdict, "trigger": "stall"}
     )
-    ctx.metrics.observe("hangwatch_detection_seconds", 13.5)
+    ctx.metrics.observe("hangwatch_detection_latency_seconds", 13.5)
     bundle = ctx.store.incident_dir(row.id)
     if bundle_from is not None:
         shutil.copytree(bundle_from, bundle, dirs_exist_ok=True)
