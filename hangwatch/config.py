@@ -14,6 +14,7 @@ import ipaddress
 import os
 import socket
 import sys
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,6 +220,27 @@ class Config:
             [SERVER],
         ),
     )
+    notify_url: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "--notify-url",
+            env.HANGWATCH_NOTIFY_URL,
+            "Webhook the coordinator POSTs each incident change to (JSON, with a Slack-style"
+            " `text`); repeat the flag, or separate URLs by commas in the variable. Credentials"
+            " in the URL are sent, never logged.",
+            [SERVER],
+        ),
+    )
+    public_url: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--public-url",
+            env.HANGWATCH_PUBLIC_URL,
+            "Dashboard address people can open, for the links in notifications (default: the"
+            " HTTP address the coordinator bound, with the host name for a wildcard address).",
+            [SERVER],
+        ),
+    )
     coordinator: str = field(
         default="127.0.0.1:7451",
         metadata=_opt(
@@ -314,6 +336,11 @@ class Config:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
                 )
+        if command == SERVER:
+            for url in self.notify_url:
+                check_http_url(url, "--notify-url")
+            if self.public_url:
+                check_http_url(self.public_url, "--public-url", credentials=False)
         if command in (SERVER, AGENT):
             try:
                 token = self.resolved_token()
@@ -341,6 +368,20 @@ class Config:
 FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Config)
 
 
+def check_http_url(url: str, what: str, *, credentials: bool = True) -> None:
+    """An http(s) URL with a host; ValueError names the setting, never the URL
+    (a webhook URL is often the secret itself)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as e:
+        raise ValueError(f"{what}: not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{what}: expected an http:// or https:// URL with a host")
+    if not credentials and (parts.username or parts.password or parts.query):
+        raise ValueError(f"{what}: must not carry credentials or a query")
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` names this machine only (a coordinator there needs no token)."""
     if host == "localhost":
@@ -364,6 +405,8 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
         if v in ("0", "false", "no", "off", ""):
             return False
         raise ValueError(f"{f.metadata['env']}={raw!r} is not a boolean")
+    if t.startswith("tuple"):
+        return tuple(u.strip() for u in raw.split(",") if u.strip())
     if t.startswith("int"):
         return int(raw)
     if t.startswith("float"):
@@ -392,6 +435,11 @@ def add_arguments(
             parser.add_argument(
                 md["flag"], dest=f.name, action="store_true", default=None, help=help_text
             )
+        elif _field_type(f).startswith("tuple"):
+            parser.add_argument(
+                md["flag"], dest=f.name, action="append", default=None, metavar="URL",
+                help=help_text,
+            )  # fmt: skip
         else:
             parser.add_argument(
                 md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text
@@ -414,6 +462,9 @@ def from_sources(
         cli_val = getattr(ns, f.name, None) if ns is not None else None
         raw: Any = cli_val if cli_val is not None else environ.get(md["env"])
         if raw is None:
+            continue
+        if isinstance(raw, list):  # a repeatable flag: each use may itself be a list
+            kwargs[f.name] = tuple(v for item in raw for v in _convert(f, str(item)))
             continue
         kwargs[f.name] = raw if isinstance(raw, bool) else _convert(f, str(raw))
     return Config(**kwargs)
@@ -442,7 +493,7 @@ def markdown() -> str:
     for f in FIELDS:
         md = f.metadata
         if f.default is not dataclasses.MISSING:
-            default = "(unset)" if f.default is None else f"`{f.default}`"
+            default = "(unset)" if f.default in (None, ()) else f"`{f.default}`"
         else:
             default = "(host name)" if f.name == "node_id" else "(computed)"
         flag = f"`{md['flag']}`" if md["flag"] else "(env only)"

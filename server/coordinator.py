@@ -17,6 +17,7 @@ from hangwatch.server.app_state import ServerContext
 from hangwatch.server.grpc_service import CoordinatorService, TokenAuth
 from hangwatch.server.incidents import Analyze, IncidentManager
 from hangwatch.server.metrics import Metrics
+from hangwatch.server.notify import Notifier, dashboard_base
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
 from hangwatch.server.stragglers import Straggler, StragglerMonitor
@@ -78,6 +79,10 @@ class Coordinator:
         self.token = config.resolved_token()
         self.store = IncidentStore.in_dir(self.data_dir)
         self.metrics = Metrics()
+        # Built with no webhooks too, so that anything may publish to it.
+        self.notifier = Notifier(config.notify_url, metrics=self.metrics, link=self.incident_url)
+        if config.notify_url:
+            self.store.on_status_change.append(self.notifier.publish_incident)
         self.registry = JobRegistry(
             agent_lost_timeout=config.agent_lost_timeout, stall_timeout=config.stall_timeout
         )
@@ -138,6 +143,11 @@ class Coordinator:
     def _straggler_flagged(self, job_id: str, s: Straggler) -> None:
         self.metrics.inc("hangwatch_stragglers_flagged_total")
 
+    def incident_url(self, incident_id: str) -> str:
+        """The incident's dashboard page, as people outside this host open it."""
+        base = dashboard_base(self.config.public_url, self.context.http_address)
+        return f"{base}/incidents/{incident_id}"
+
     @property
     def grpc_address(self) -> str:
         return hostport(self.config.host, self.grpc_port)
@@ -157,6 +167,7 @@ class Coordinator:
         self.context.grpc_address = self.grpc_address
         if self._isolated is not None:
             self._isolated.warm()
+        self.notifier.start()  # before incidents: recovered ones publish their verdicts
         self.incidents.start()
         self._scoring.start()
         log.info("gRPC serving on %s", self.grpc_address)
@@ -192,6 +203,7 @@ class Coordinator:
         self._scoring_stop.set()
         if self._scoring.is_alive():
             self._scoring.join(grace)
+        self.notifier.stop()
         if self._isolated is not None:
             self._isolated.close()
         self._stop_loop()

@@ -11,17 +11,20 @@ job state does not (agents re-register and rebuild it).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from hangwatch.analyzer.report import Report
+
+log = logging.getLogger(__name__)
 
 DB_FILE: Final = "hangwatch.db"
 INCIDENTS_DIR: Final = "incidents"
@@ -188,6 +191,9 @@ class IncidentStore:
                 self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {decl}")
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._closed = False
+        # Called with the fresh row after every committed change of an
+        # incident's status (server/notify.py); a listener must not block.
+        self.on_status_change: list[Callable[[IncidentRow], None]] = []
 
     @classmethod
     def in_dir(cls, data_dir: Path) -> IncidentStore:
@@ -255,6 +261,7 @@ class IncidentStore:
                 raise
         row = self.get_incident(incident_id)
         assert row is not None
+        self._status_changed(row)
         return row
 
     def set_dump_outcome(
@@ -331,7 +338,17 @@ class IncidentStore:
                 raise UnknownIncident(incident_id)
         row = self.get_incident(incident_id)
         assert row is not None
+        if "status" in cols:
+            self._status_changed(row)
         return row
+
+    def _status_changed(self, row: IncidentRow) -> None:
+        for listener in list(self.on_status_change):
+            try:
+                listener(row)
+            except Exception:
+                # The change is committed: a listener's bug must not undo the caller's work.
+                log.exception("incident %s: status listener failed", row.id)
 
     # ---- reads ---------------------------------------------------------------
 
