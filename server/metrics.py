@@ -143,8 +143,13 @@ FAMILIES: Final = (
     Family(
         name="hangwatch_actions_total",
         kind="counter",
-        help="Actions taken on incidents (abort, exclude), by action and outcome.",
-        labels=("action", "outcome"),
+        help="Actions on incidents (--on-hang abort, --exclude-command), by kind and status.",
+        labels=("kind", "status"),
+    ),
+    Family(
+        name="hangwatch_stragglers_flagged_total",
+        kind="counter",
+        help="Times a rank was named a straggler (slow, not hung), over all jobs.",
     ),
 )
 
