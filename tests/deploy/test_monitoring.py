@@ -196,3 +196,19 @@ def test_metrics_parse_with_prometheus_own_parser(
     assert value["hangwatch_incidents_opened_total", (("trigger", "stall"),)] == 1
     assert value["hangwatch_dump_deadline_seconds", ()] == 30
     assert 0 <= value["hangwatch_oldest_collecting_incident_seconds", ()] < 30
+
+
+@pytest.mark.timeout(30)
+def test_every_metric_the_code_records_is_declared() -> None:
+    """Recording an undeclared family raises (ValueError) where it is recorded, which
+    could be inside an incident's finalizing: catch a misspelt name here instead."""
+    call = re.compile(r"metrics\.(?:inc|set|observe)\(\s*\"(hangwatch_[a-z0-9_]+)\"", re.S)
+    declared = {f.name for f in FAMILIES}
+    used: dict[str, str] = {}
+    for folder in ("server", "agent", "hangwatch", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for name in call.findall(path.read_text(encoding="utf-8")):
+                used.setdefault(name, str(path.relative_to(ROOT)))
+    assert "hangwatch_incidents_total" in used  # the pattern finds real call sites
+    missing = {n: p for n, p in used.items() if n not in declared}
+    assert not missing, f"record only families declared in server/metrics.py: {missing}"
