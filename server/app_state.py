@@ -28,5 +28,5 @@ class ServerContext:
     def __post_init__(self) -> None:
         # /metrics serves what this context sees: its registry, store, stragglers, settings.
         self.metrics.add_collector(
-            LiveGauges(self.registry, self.store, self.config, stragglers=self.stragglers)
+            LiveGauges(self.registry, self.store, self.config, stragglers=lambda: self.stragglers)
         )

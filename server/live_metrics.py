@@ -12,7 +12,7 @@ coordinator's configuration instead of repeating it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
@@ -50,12 +50,12 @@ class LiveGauges(Collector):
         store: IncidentStore,
         config: Config,
         *,
-        stragglers: StragglerMonitor | None = None,
+        stragglers: Callable[[], StragglerMonitor | None] = lambda: None,
     ) -> None:
         self.registry = registry
         self.store = store
         self.config = config
-        self.stragglers = stragglers
+        self.stragglers = stragglers  # read per scrape: the context may gain one later
 
     def describe(self) -> Iterator[Metric]:
         # Registration must not scan live state; names are all it needs.
@@ -165,9 +165,10 @@ class LiveGauges(Collector):
         count = GaugeMetricFamily(
             "hangwatch_job_stragglers", "Ranks of the job named as stragglers.", labels=["job"]
         )
-        if self.stragglers is not None:
-            for job in self.stragglers.jobs():
-                v = self.stragglers.view(job)
+        monitor = self.stragglers()
+        if monitor is not None:
+            for job in monitor.jobs():
+                v = monitor.view(job)
                 if v is not None:
                     worst.add_metric([v.job], v.worst_score)
                     count.add_metric([v.job], len(v.stragglers))

@@ -128,7 +128,7 @@ def test_live_slow_rank_is_named_and_nobody_else(
         assert s["kind"] == "host" and s["host"] == socket.gethostname()
         assert s["score"] >= 0.1 and s["late_ms"] > 0
         text = urllib.request.urlopen(coordinator["http"] + "/metrics", timeout=10).read().decode()
-        assert f'hangwatch_job_stragglers{{job="{job_id}"}} 1' in text
+        assert f'hangwatch_job_stragglers{{job="{job_id}"}} 1.0' in text
 
 
 @pytest.mark.timeout(240)
