@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from hangwatch.server.coordinator import Coordinator
+from hangwatch.server.store import IncidentRow
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
@@ -238,7 +239,16 @@ def test_lost_agent_is_unobserved_not_guilty(
         for r in (0, 1):
             _bundle_rank(a, cmd.incident_id, r, 3, 2, 4)
         assert a.complete(cmd.incident_id, [0, 1])
-        done = wait_status(c, cmd.incident_id, "analyzed")
+        incident_id = cmd.incident_id
+
+        # Node-a keeps reporting while the analysis runs: with a 0.4 s lost-agent
+        # timeout a silent node-a would end the job, and the incident, first.
+        def analyzed() -> IncidentRow | None:
+            a.progress({0: (3, 2), 1: (3, 2)})
+            row = c.store.get_incident(incident_id)
+            return row if row is not None and row.status == "analyzed" else None
+
+        done = wait_for(analyzed, 20, f"incident {incident_id} to be analyzed")
         assert set(done.ranks_unreachable) == {2, 3}
         assert all(v.startswith("agent unreachable") for v in done.ranks_unreachable.values())
         assert done.report is not None
