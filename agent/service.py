@@ -6,7 +6,8 @@ Threads (none of them in a training process):
   backs off with jitter while the coordinator is away.
 - commands: holds the WatchCommands stream open and queues DUMP commands.
 - dumper: collects bundles (ranks in parallel), keeps them on local disk,
-  uploads them, reports CompleteDump.
+  uploads them, reports CompleteDump; ends ranks on END_RANKS (terminate.py),
+  always after any dump queued before it.
 Everything buffered is bounded (Config.max_buffered; oldest dropped, counted).
 FR entries fetched while polling only teach the trackers op names; they are
 not sent (the coordinator discards ReportEntries: incidents carry full dumps).
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from hangwatch.agent import collector, uploader
+from hangwatch.agent import collector, terminate, uploader
 from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
 from hangwatch.agent.delta import DeltaReporter
 from hangwatch.agent.lateness import ClockSync, next_tick_delay
@@ -35,7 +36,7 @@ from hangwatch.agent.procstate import process_state
 from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan_rankinfo
 
 from hangwatch import formats, hook_protocol
-from hangwatch.config import Config
+from hangwatch.config import ABORT, Config
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -77,6 +78,8 @@ class Agent:
         self.pending: dict[str, PendingDump] = {}
         self._pending_lock = threading.Lock()
         self._collected: set[str] = set()
+        self._ended: set[str] = set()
+        self._action_results: BoundedQueue[pb.DumpResult] = BoundedQueue(64)
         self._progress: list[pb.RankProgress] = []
         self._progress_seq = 0
         self._progress_sent = 0
@@ -327,6 +330,12 @@ class Agent:
             except BaseException:
                 self.events.push_front(batch)
                 raise
+        while batch := self._action_results.take(1):
+            try:
+                self.client.complete_dump(batch[0])
+            except BaseException:
+                self._action_results.push_front(batch)
+                raise
         with self._pending_lock:
             pending = list(self.pending.values())
         for p in pending:
@@ -374,7 +383,8 @@ class Agent:
                 log.exception("dump command failed")
 
     def handle_command(self, cmd: pb.Command) -> PendingDump | None:
-        if cmd.kind not in (pb.COMMAND_KIND_DUMP, pb.COMMAND_KIND_UPLOAD_FULL):
+        kinds = (pb.COMMAND_KIND_DUMP, pb.COMMAND_KIND_UPLOAD_FULL, pb.COMMAND_KIND_END_RANKS)
+        if cmd.kind not in kinds:
             log.warning("ignoring unknown command kind %d", cmd.kind)
             return None
         iid = cmd.incident_id
@@ -383,6 +393,9 @@ class Agent:
             return None
         if cmd.kind == pb.COMMAND_KIND_UPLOAD_FULL:
             self.upload_full(iid, list(cmd.ranks))
+            return None
+        if cmd.kind == pb.COMMAND_KIND_END_RANKS:
+            self.end_ranks(cmd)
             return None
         if iid in self._collected:
             log.info("incident %s already collected; finishing its upload", iid)
@@ -409,6 +422,24 @@ class Agent:
         )
         self._try_finish(p)
         return p
+
+    def end_ranks(self, cmd: pb.Command) -> None:
+        """Once per incident (a command re-sent after a reconnect is not re-run);
+        the answer goes up with the sender's next flush."""
+        if cmd.incident_id in self._ended:
+            return
+        self._ended.add(cmd.incident_id)
+        with self._lock:
+            known = {p: (t.rank, t.info.get("proc_starttime")) for p, t in self.trackers.items()}
+        res = terminate.answer(
+            cmd,
+            known,
+            allowed=self.cfg.on_hang == ABORT,
+            job_id=self.cfg.job_id,
+            agent_id=self.client.agent_id,
+        )
+        self._action_results.put(res)
+        self._wake_sender.set()
 
     def collect(self, incident_id: str, *, tail_context: int = 0) -> PendingDump:
         with self._lock:

@@ -12,7 +12,9 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import shlex
 import socket
+import string
 import sys
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -26,6 +28,13 @@ AGENT = "agent"
 DEMO = "demo"
 RUN = "run"
 HOOK = "hook"
+
+# --on-hang values.
+OBSERVE = "observe"
+ABORT = "abort"
+ON_HANG = (OBSERVE, ABORT)
+# The placeholders --exclude-command may use.
+EXCLUDE_FIELDS = ("host", "node", "ranks", "incident")
 
 
 def _opt(
@@ -241,6 +250,52 @@ class Config:
             [SERVER],
         ),
     )
+    on_hang: str = field(
+        default=OBSERVE,
+        metadata=_opt(
+            "--on-hang",
+            env.HANGWATCH_ON_HANG,
+            "observe or abort. abort: once a hang's dumps are stored and analysed, end the job's"
+            " ranks (SIGTERM, then SIGKILL) so its launcher restarts it.",
+            [SERVER, AGENT],
+            help_for={
+                SERVER: "observe (record only) or abort: once an incident's dumps are stored and"
+                " its verdict is a hang, tell the job's agents to end its ranks (SIGTERM, then"
+                " SIGKILL after --abort-grace) so the launcher restarts the job.",
+                AGENT: "observe or abort: abort lets the coordinator have this agent end its"
+                " node's ranks after a hang; observe refuses (the coordinator needs abort too).",
+            },
+        ),
+    )
+    abort_grace: float = field(
+        default=10.0,
+        metadata=_opt(
+            "--abort-grace",
+            env.HANGWATCH_ABORT_GRACE,
+            "With --on-hang abort: seconds between SIGTERM and SIGKILL.",
+            [SERVER],
+        ),
+    )
+    exclude_command: str | None = field(
+        default=None,
+        metadata=_opt(
+            "--exclude-command",
+            env.HANGWATCH_EXCLUDE_COMMAND,
+            "Command run on the coordinator host for each node of a hang's lagging ranks, e.g."
+            " 'kubectl cordon {host}'. Split like a shell line once at start, then each word"
+            " filled in from {host}, {node}, {ranks}, {incident}; never run by a shell.",
+            [SERVER],
+        ),
+    )
+    exclude_timeout: float = field(
+        default=30.0,
+        metadata=_opt(
+            "--exclude-timeout",
+            env.HANGWATCH_EXCLUDE_TIMEOUT,
+            "Seconds one --exclude-command run may take before it is killed.",
+            [SERVER],
+        ),
+    )
     coordinator: str = field(
         default="127.0.0.1:7451",
         metadata=_opt(
@@ -327,7 +382,7 @@ class Config:
         The one place the CLIs' rules live; raises ValueError.
         """
         positive = {
-            SERVER: ("stall_timeout", "dump_deadline", "agent_lost_timeout"),
+            SERVER: ("stall_timeout", "dump_deadline", "agent_lost_timeout", "exclude_timeout"),
             AGENT: ("poll_interval",),
             DEMO: ("stall_timeout", "poll_interval"),
         }.get(command, ())
@@ -341,6 +396,12 @@ class Config:
                 check_http_url(url, "--notify-url")
             if self.public_url:
                 check_http_url(self.public_url, "--public-url", credentials=False)
+        if self.on_hang not in ON_HANG:
+            raise ValueError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.on_hang!r}")
+        if command == SERVER:
+            if self.abort_grace < 0:
+                raise ValueError(f"--abort-grace must be 0 or more, got {self.abort_grace}")
+            self.exclude_argv()
         if command in (SERVER, AGENT):
             try:
                 token = self.resolved_token()
@@ -351,6 +412,32 @@ class Config:
                     f"refusing to bind non-loopback host {self.host} without a token "
                     f"(set {env.HANGWATCH_TOKEN} or --token-file, or pass --insecure)"
                 )
+
+    def exclude_argv(self) -> tuple[str, ...]:
+        """--exclude-command split into words once; () when unset. Raises
+        ValueError on an unbalanced quote or a placeholder other than
+        EXCLUDE_FIELDS (no attributes, indexes, conversions or formats)."""
+        if not self.exclude_command or not self.exclude_command.strip():
+            return ()
+        try:
+            argv = tuple(shlex.split(self.exclude_command))
+        except ValueError as e:
+            raise ValueError(f"--exclude-command: {e}") from e
+        for word in argv:
+            try:
+                parts = list(string.Formatter().parse(word))
+            except ValueError as e:
+                raise ValueError(f"--exclude-command word {word!r}: {e}") from e
+            for _text, name, spec, conv in parts:
+                if name is None:
+                    continue
+                if name not in EXCLUDE_FIELDS or spec or conv:
+                    raise ValueError(
+                        f"--exclude-command word {word!r}: placeholders are "
+                        + ", ".join("{" + f + "}" for f in EXCLUDE_FIELDS)
+                        + " ({{ and }} for literal braces)"
+                    )
+        return argv
 
     def resolved_token(self) -> str | None:
         """The token from the env var or the token file; the env var wins."""

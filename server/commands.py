@@ -27,6 +27,8 @@ class Command:
     expires: float  # coordinator monotonic
     tail_context: int = 0
     ranks: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()  # END_RANKS: the pid of each of `ranks`
+    grace_s: float = 0.0  # END_RANKS: SIGTERM to SIGKILL
 
     def to_pb(self, now: float) -> pb.Command:
         return pb.Command(
@@ -36,6 +38,8 @@ class Command:
             deadline_s=max(0.0, self.expires - now),
             tail_context=self.tail_context,
             ranks=self.ranks,
+            pids=self.pids,
+            grace_s=self.grace_s,
         )
 
 
@@ -59,9 +63,15 @@ class Mailbox:
             self.pending.popleft()
         return list(self.pending)
 
-    def retire(self, incident_id: str) -> None:
+    def retire(self, incident_id: str, kind: int | None = None) -> None:
+        """Drop the incident's commands (only those of `kind`, when given)."""
         self.pending = deque(
-            (c for c in self.pending if c.incident_id != incident_id), maxlen=PENDING_COMMANDS
+            (
+                c
+                for c in self.pending
+                if c.incident_id != incident_id or (kind is not None and c.kind != kind)
+            ),
+            maxlen=PENDING_COMMANDS,
         )
 
     def inherit(self, old: Mailbox, now: float) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from hangwatch.server.action_records import ActionRecord
+from hangwatch.server.actions import ActionPolicy, ActionRunner
 from hangwatch.server.analysis import IsolatedAnalyzer
 from hangwatch.server.app_state import ServerContext
 from hangwatch.server.grpc_service import CoordinatorService, TokenAuth
@@ -19,9 +21,10 @@ from hangwatch.server.incidents import Analyze, IncidentManager
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.notify import Notifier, dashboard_base
 from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.store import IncidentRow, IncidentStore
 from hangwatch.server.stragglers import Straggler, StragglerMonitor
 from hangwatch.server.uploads import MAX_FILE_BYTES
+from hangwatch.server.web.api import incident_summary
 
 from hangwatch.config import Config
 from hangwatch.wire import rpc
@@ -92,6 +95,13 @@ class Coordinator:
         if analyze is None:
             self._isolated = IsolatedAnalyzer(memory_limit_bytes=config.analyzer_memory_mb << 20)
             analyze = self._isolated
+        self.actions = ActionRunner(
+            ActionPolicy.from_config(config),
+            store=self.store,
+            registry=self.registry,
+            metrics=self.metrics,
+            publish=self._publish_action,
+        )
         self.incidents = IncidentManager(
             store=self.store,
             registry=self.registry,
@@ -102,6 +112,7 @@ class Coordinator:
             tick_s=tick_s,
             full_dump_max_ranks=config.full_dump_max_ranks,
             tail_context=config.tail_context,
+            on_analyzed=self.actions.on_analyzed,
         )
         self.stragglers = StragglerMonitor(
             tick_s=config.poll_interval, on_flag=self._straggler_flagged
@@ -111,6 +122,7 @@ class Coordinator:
             stragglers=self.stragglers,
             store=self.store,
             incidents=self.incidents,
+            actions=self.actions,
             metrics=self.metrics,
             max_file_bytes=max_file_bytes,
         )
@@ -142,6 +154,13 @@ class Coordinator:
 
     def _straggler_flagged(self, job_id: str, s: Straggler) -> None:
         self.metrics.inc("hangwatch_stragglers_flagged_total")
+
+    def _publish_action(self, event: str, row: IncidentRow, rec: ActionRecord) -> None:
+        """`incident.action`: the incident as listed, plus the action that finished."""
+        item = incident_summary(row).model_dump(mode="json")
+        item["action"] = {"kind": rec.kind, "status": rec.status, "summary": rec.summary}
+        text = f"[hangwatch] job {row.job_id}: {rec.kind} {rec.status}: {rec.summary}"
+        self.notifier.publish(event, item, text=f"{text} {self.incident_url(row.id)}")
 
     def incident_url(self, incident_id: str) -> str:
         """The incident's dashboard page, as people outside this host open it."""
@@ -204,6 +223,7 @@ class Coordinator:
         if self._scoring.is_alive():
             self._scoring.join(grace)
         self.notifier.stop()
+        self.actions.close()
         if self._isolated is not None:
             self._isolated.close()
         self._stop_loop()

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import grpc
 from hangwatch.server import validate
+from hangwatch.server.actions import ActionRunner
 from hangwatch.server.batch_uploads import (
     FileBatch,
     GroupSync,
@@ -117,7 +118,9 @@ class CoordinatorService(rpc.CoordinatorServicer):
         poll_interval_s: float = 0.0,
         max_file_bytes: int = MAX_FILE_BYTES,
         stragglers: StragglerMonitor | None = None,
+        actions: ActionRunner | None = None,
     ) -> None:
+        self.actions = actions
         self.registry = registry
         self.stragglers = stragglers
         self.store = store
@@ -470,7 +473,10 @@ class CoordinatorService(rpc.CoordinatorServicer):
             validate.dump_result(request)
         except Invalid as e:
             await self._fail(context, "CompleteDump", grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        accepted = self.incidents.on_dump_result(request)
+        if request.actions:
+            accepted = self.actions is not None and self.actions.on_result(request)
+        else:
+            accepted = self.incidents.on_dump_result(request)
         self._ok("CompleteDump")
         return pb.DumpResultAck(accepted=accepted)
 

@@ -22,6 +22,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hangwatch.analyzer.report import Report
@@ -77,6 +78,10 @@ log = logging.getLogger(__name__)
 # Jobs whose last incident is remembered for joining later symptoms to it.
 LAST_INCIDENTS = 4096
 
+# Called once an incident opened in this run has its verdict stored:
+# (incident, job, registry time it opened, report). server.actions acts on it.
+OnAnalyzed = Callable[[str, str, float, Report], None]
+
 
 class IncidentManager:
     def __init__(
@@ -91,8 +96,10 @@ class IncidentManager:
         tick_s: float | None = None,
         full_dump_max_ranks: int = 256,
         tail_context: int = 8,
+        on_analyzed: OnAnalyzed | None = None,
     ) -> None:
         self.store = store
+        self._on_analyzed = on_analyzed
         self.registry = registry
         self.metrics = metrics
         self.stall_timeout = stall_timeout
@@ -346,6 +353,7 @@ class IncidentManager:
 
     def _finalize(self, inc: Collection) -> None:
         report: Report | None = None
+        opened: float | None = None
         try:
             report = self._finalize_inner(inc)
         except Exception as e:
@@ -357,16 +365,27 @@ class IncidentManager:
                 w = self._watch.get(inc.incident_id)
                 if w is not None:
                     w.outcome = "analyzed" if report is not None else "failed"
+                    opened = w.opened
                 self._idle.notify_all()
             for agent_id in inc.asked:
                 self.registry.retire_command(inc.job_id, agent_id, inc.incident_id)
             self.registry.set_open_incident(inc.job_id, None)
             key = self.registry.in_flight_key(inc.job_id)
-            if key is not None:
-                # Whatever the job is stuck on now was covered by this incident.
+            # Whatever the job is stuck on now was covered by this incident,
+            # unless the job moved on since it opened: then the stall cleared
+            # and what it waits on now is a later one of its own.
+            moved = opened is not None and self.registry.progressed_since(inc.job_id, opened)
+            if key is not None and not moved:
                 self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
             if report is not None and inc.tail_context:
                 self._ask_full(inc, report)
+            # Only incidents opened in this run: one recovered after a restart
+            # describes a job this coordinator has not watched since.
+            if report is not None and opened is not None and self._on_analyzed is not None:
+                try:
+                    self._on_analyzed(inc.incident_id, inc.job_id, opened, report)
+                except Exception:
+                    log.exception("incident %s: could not hand it to the actions", inc.incident_id)
             self._publish()
             self._wake.set()  # the lifecycle check may now close it
 

@@ -327,12 +327,15 @@ class JobRegistry:
             agent.mailbox.push(cmd)
             return True
 
-    def retire_command(self, job_id: str, agent_id: str, incident_id: str) -> None:
-        """The agent answered (or the incident closed): stop re-delivering it."""
+    def retire_command(
+        self, job_id: str, agent_id: str, incident_id: str, kind: int | None = None
+    ) -> None:
+        """The agent answered (or the incident closed): stop re-delivering it
+        (every command of the incident, or only those of `kind`)."""
         with self._lock:
             agent = self._agent(job_id, agent_id)
             if agent is not None:
-                agent.mailbox.retire(incident_id)
+                agent.mailbox.retire(incident_id, kind)
 
     # ---- used by the incident manager -------------------------------------
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hangwatch.analyzer.report import Report
+from hangwatch.server.action_records import ActionRecord
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ _ADDED_COLUMNS: Final = (
     ("late_ranks", "TEXT NOT NULL DEFAULT '[]'"),
     # resolved/ended: what closed it, for people
     ("close_reason", "TEXT"),
+    # what the coordinator did about it (server.action_records), JSON list
+    ("actions", "TEXT NOT NULL DEFAULT '[]'"),
 )
 
 
@@ -116,6 +119,7 @@ class IncidentRow:
     stall_s: float | None = None  # resolved: onset to progress resuming
     late_ranks: list[int] = field(default_factory=list)  # resolved: who was late
     close_reason: str | None = None  # resolved/ended: what closed it
+    actions: list[ActionRecord] = field(default_factory=list)  # --on-hang, --exclude-command
 
     @property
     def is_open(self) -> bool:
@@ -291,6 +295,10 @@ class IncidentStore:
             detection_s=detection_s,
             error=None,
         )
+
+    def set_actions(self, incident_id: str, actions: Iterable[ActionRecord]) -> IncidentRow:
+        """Replace the incident's action records (the action runner owns them)."""
+        return self._update(incident_id, actions=json.dumps([a.to_dict() for a in actions]))
 
     def fail_incident(self, incident_id: str, *, error: str) -> IncidentRow:
         return self._update(incident_id, status="failed", error=error)
@@ -480,4 +488,5 @@ def _row(r: sqlite3.Row) -> IncidentRow:
         stall_s=r["stall_s"],
         late_ranks=list(json.loads(r["late_ranks"] or "[]")),
         close_reason=r["close_reason"],
+        actions=[ActionRecord.from_dict(a) for a in json.loads(r["actions"] or "[]")],
     )

@@ -160,3 +160,13 @@ def dump_result(req: pb.DumpResult) -> None:
     for f in req.failures:
         rank(f.rank)
         text("failure reason", f.reason)
+    if len(req.actions) > MAX_RANKS_PER_AGENT:
+        raise Invalid("too many ranks in one action result")
+    for a in req.actions:
+        rank(a.rank)
+        text("action outcome", a.outcome)
+        text("action detail", a.detail)
+        if len(a.signals) > 4:
+            raise Invalid("too many signals in one action result")
+        for sig in a.signals:
+            text("action signal", sig)

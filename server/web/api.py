@@ -72,6 +72,7 @@ def incident_detail(row: IncidentRow) -> schemas.IncidentDetail:
         ranks_unreachable=row.ranks_unreachable,
         error=row.error,
         report=row.report,
+        actions=row.actions,
     )
 
 

@@ -45,6 +45,8 @@ class IncidentInfo:
     late_ranks: list[int] = field(default_factory=list)
     close_reason: str = ""
     trigger: str = ""
+    # One line per action taken on it (server.action_records), oldest first.
+    actions: list[str] = field(default_factory=list)
 
 
 def with_lifecycle(info: IncidentInfo, row: IncidentRow) -> IncidentInfo:
@@ -56,6 +58,7 @@ def with_lifecycle(info: IncidentInfo, row: IncidentRow) -> IncidentInfo:
         late_ranks=list(row.late_ranks),
         close_reason=row.close_reason or "",
         trigger=row.trigger,
+        actions=[f"{a.kind} ({a.status}): {a.summary}" for a in row.actions],
     )
 
 

@@ -8,6 +8,7 @@ to `Report.from_dict`.
 from __future__ import annotations
 
 from hangwatch.analyzer.report import Report
+from hangwatch.server.action_records import ActionRecord
 from pydantic import BaseModel, Field
 
 
@@ -152,6 +153,10 @@ class IncidentDetail(IncidentSummary):
     report: Report | None = Field(
         None,
         description="The analyzer's report, schema hangwatch.report/1 (null until analysed).",
+    )
+    actions: list[ActionRecord] = Field(
+        default_factory=list,
+        description="What the coordinator did about it (--exclude-command, --on-hang abort).",
     )
 
 

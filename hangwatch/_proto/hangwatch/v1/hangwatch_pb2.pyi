@@ -31,6 +31,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
     COMMAND_KIND_DUMP: _ClassVar[CommandKind]
     COMMAND_KIND_UPLOAD_FULL: _ClassVar[CommandKind]
+    COMMAND_KIND_END_RANKS: _ClassVar[CommandKind]
 PROCESS_STATE_UNSPECIFIED: ProcessState
 PROCESS_STATE_RUNNING: ProcessState
 PROCESS_STATE_STOPPED: ProcessState
@@ -47,6 +48,7 @@ EVENT_KIND_RANK_CRASHED: EventKind
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_DUMP: CommandKind
 COMMAND_KIND_UPLOAD_FULL: CommandKind
+COMMAND_KIND_END_RANKS: CommandKind
 
 class GroupInfo(_message.Message):
     __slots__ = ("name", "desc", "pg_id", "ranks")
@@ -253,20 +255,24 @@ class WatchRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("kind", "incident_id", "reason", "deadline_s", "tail_context", "ranks")
+    __slots__ = ("kind", "incident_id", "reason", "deadline_s", "tail_context", "ranks", "grace_s", "pids")
     KIND_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     TAIL_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
     kind: CommandKind
     incident_id: str
     reason: str
     deadline_s: float
     tail_context: int
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ..., tail_context: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    grace_s: float
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ..., tail_context: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., grace_s: _Optional[float] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BundleChunk(_message.Message):
     __slots__ = ("job_id", "agent_id", "incident_id", "rank", "file_name", "offset", "data", "last", "sha256", "total_size")
@@ -321,18 +327,36 @@ class UploadFilesAck(_message.Message):
     def __init__(self, files: _Optional[_Iterable[_Union[UploadAck, _Mapping]]] = ...) -> None: ...
 
 class DumpResult(_message.Message):
-    __slots__ = ("job_id", "agent_id", "incident_id", "ranks_dumped", "failures")
+    __slots__ = ("job_id", "agent_id", "incident_id", "ranks_dumped", "failures", "actions")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_DUMPED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     agent_id: str
     incident_id: str
     ranks_dumped: _containers.RepeatedScalarFieldContainer[int]
     failures: _containers.RepeatedCompositeFieldContainer[RankFailure]
-    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., ranks_dumped: _Optional[_Iterable[int]] = ..., failures: _Optional[_Iterable[_Union[RankFailure, _Mapping]]] = ...) -> None: ...
+    actions: _containers.RepeatedCompositeFieldContainer[ActionResult]
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., ranks_dumped: _Optional[_Iterable[int]] = ..., failures: _Optional[_Iterable[_Union[RankFailure, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionResult, _Mapping]]] = ...) -> None: ...
+
+class ActionResult(_message.Message):
+    __slots__ = ("rank", "pid", "outcome", "signals", "exit_s", "detail")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_S_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    pid: int
+    outcome: str
+    signals: _containers.RepeatedScalarFieldContainer[str]
+    exit_s: float
+    detail: str
+    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., outcome: _Optional[str] = ..., signals: _Optional[_Iterable[str]] = ..., exit_s: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class RankFailure(_message.Message):
     __slots__ = ("rank", "reason")

@@ -155,7 +155,8 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompleteDump(self, request, context):
-        """The agent tells the coordinator it finished (or failed) a dump command.
+        """The agent tells the coordinator it finished (or failed) a dump command,
+        or, with `actions` set, what became of an END_RANKS command.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
