@@ -50,6 +50,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write a self-contained HTML report to PATH",
     )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="PATH",
+        help="also write the ranks' timelines to PATH as Chrome/Perfetto trace-event JSON",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -138,6 +144,14 @@ def run(ns: argparse.Namespace) -> int:
         except ImportError as e:
             return _fail(f"--html is not available: {e}")
 
+    if getattr(ns, "trace", None):
+        from hangwatch.analyzer.trace import build_trace, write_trace
+
+        try:
+            write_trace(build_trace(loaded, report), ns.trace)
+        except OSError as e:
+            return _fail(f"cannot write {ns.trace}: {e.strerror or e}")
+
     if ns.json:
         sys.stdout.write(report.to_json() + "\n")
         return 0
@@ -147,4 +161,6 @@ def run(ns: argparse.Namespace) -> int:
     render(report, Console())
     if ns.html:
         Console(stderr=True).print(f"[dim]HTML report written to {ns.html}[/dim]")
+    if getattr(ns, "trace", None):
+        Console(stderr=True).print(f"[dim]Trace written to {ns.trace} (opens in Perfetto)[/dim]")
     return 0

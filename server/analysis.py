@@ -51,6 +51,12 @@ def _analyze_in_child(path: str, world_size: int | None) -> dict[str, Any]:
     return analyze_path(Path(path), world_size=world_size).to_dict()
 
 
+def _trace_in_child(path: str, report: dict[str, Any] | None) -> dict[str, Any]:
+    from hangwatch.analyzer.trace import trace_path
+
+    return trace_path(Path(path), Report.from_dict(report) if report is not None else None)
+
+
 class IsolatedAnalyzer:
     """`analyze(path, world_size) -> Report`, run in the capped child."""
 
@@ -90,6 +96,18 @@ class IsolatedAnalyzer:
                 f"{self.memory_limit_bytes >> 20} MiB): {e}"
             ) from e
         return Report.from_dict(doc)
+
+    def trace(self, path: Path, report: Report | None) -> dict[str, Any]:
+        """The bundle's trace-event document (analyzer/trace.py), built in the
+        same capped child: it reads the same untrusted dumps."""
+        doc = None if report is None else report.to_dict()
+        try:
+            out: dict[str, Any] = self._get_pool().submit(_trace_in_child, str(path), doc).result()
+        except BrokenProcessPool as e:
+            with self._lock:
+                self._pool = None
+            raise RuntimeError(f"the analyzer process died building the trace: {e}") from e
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from hangwatch.analyzer.report import Report
 from hangwatch.server.live_metrics import LiveGauges
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
@@ -24,6 +27,9 @@ class ServerContext:
     grpc_address: str = ""  # "host:port" once bound
     http_address: str = ""  # "http://host:port" once bound
     stragglers: StragglerMonitor | None = None
+    # Builds a bundle's trace-event document; the coordinator's runs in its
+    # capped analyzer process (None: in this process, for harnesses without one).
+    trace: Callable[[Path, Report | None], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         # /metrics serves what this context sees: its registry, store, stragglers, settings.

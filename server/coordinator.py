@@ -133,6 +133,7 @@ class Coordinator:
             data_dir=self.data_dir,
             metrics=self.metrics,
             stragglers=self.stragglers,
+            trace=self._isolated.trace if self._isolated is not None else None,
         )
         self._scoring = threading.Thread(
             target=self._score_stragglers, name="hangwatch-stragglers", daemon=True

@@ -225,6 +225,39 @@ def api_incident_bundle(incident_id: str, request: Request) -> StreamingResponse
     )
 
 
+@router.get(
+    "/api/incidents/{incident_id}/trace.json",
+    responses={
+        200: {"content": {"application/json": {}}, "description": "Chrome/Perfetto trace events."},
+        **NOT_FOUND,
+        **UNAUTHORIZED,
+    },
+)
+def api_incident_trace(incident_id: str, request: Request) -> JSONResponse:
+    """The incident's ranks as timelines ({"traceEvents": [...]}, opens in Perfetto):
+    one track per rank, the stalled collective and the lagging ranks marked."""
+    ctx = ctx_of(request)
+    row = incident_or_404(ctx, incident_id)
+    try:
+        root = ctx.store.incident_dir(row.id)
+    except ValueError:
+        raise HTTPException(404, f"incident {incident_id!r} has no bundle") from None
+    if not root.is_dir():
+        raise HTTPException(404, f"incident {incident_id!r} has no bundle on this server")
+    build = ctx.trace
+    if build is None:
+        from hangwatch.analyzer.trace import trace_path
+
+        build = trace_path
+    try:
+        doc = build(root, row.report)
+    except RuntimeError as e:
+        raise HTTPException(503, f"cannot build the trace: {e}") from None
+    return JSONResponse(
+        doc, headers={"content-disposition": f'attachment; filename="{row.id}.trace.json"'}
+    )
+
+
 @router.get("/healthz", response_model=schemas.Health, tags=["probes"])
 def healthz() -> schemas.Health:
     """Liveness: the HTTP server answers. Never needs a token."""
