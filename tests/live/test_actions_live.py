@@ -117,13 +117,15 @@ def test_abort_ends_a_hung_ddp_job_after_its_bundle_is_stored(tmp_path: Path) ->
         listed = _get(coord["http"], f"/api/incidents?job={JOB}")
         assert isinstance(listed, list)
         details = [_get(coord["http"], f"/api/incidents/{i['id']}") for i in listed]
-    # A loaded machine can make the ranks' start look like a stall: such an
-    # incident resolves by itself and nothing is done about it.
+    # A loaded machine can make an attempt's start look like a stall: such an
+    # incident resolves by itself (or ends with the attempt) and nothing is
+    # done about it.
     acted = [d for d in details if {a["status"] for a in d["actions"]} != {"skipped"}]
     assert len(acted) == 1, f"{details}\n{logs_text()}"
     for d in details:
         if d is not acted[0]:
-            assert d["status"] == "resolved", d
+            assert d["status"] in ("resolved", "ended"), d
+            assert d["verdict"] not in ("hang", "mismatch") or d["status"] == "resolved", d
             assert [a["kind"] for a in d["actions"]] == ["exclude", "abort"], d["actions"]
     inc = acted[0]
     assert inc["verdict"] in ("hang", "mismatch"), inc["summary"]
