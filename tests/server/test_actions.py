@@ -8,17 +8,22 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hangwatch.analyzer.report import Report
 from hangwatch.server import actions
+from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentRow, IncidentStore
 
 from hangwatch import config, env
-from hangwatch.wire import pb
+from hangwatch.wire import pb, rpc
+from tests.support.webhook import receiver
+
+from .test_notify import _hang_then_resume
 
 JOB = "job"
 RECORD = Path(__file__).resolve().parents[1] / "live" / "record_argv.py"
@@ -45,7 +50,7 @@ def _runner(
     )
     runner = actions.ActionRunner(
         policy, store=store, registry=reg, metrics=Metrics(),
-        publish=lambda ev, r: published.append((ev, r)),
+        publish=lambda ev, r, _rec: published.append((ev, r)),
     )  # fmt: skip
     return runner, store, reg, row.id
 
@@ -247,3 +252,21 @@ def test_observe_does_nothing(tmp_path: Path) -> None:
     runner.close()
     row = store.get_incident(iid)
     assert row is not None and row.actions == []
+
+
+@pytest.mark.timeout(60)
+def test_each_action_is_published_as_incident_action(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """Through a real coordinator and a real webhook receiver on loopback."""
+    import grpc
+
+    with receiver() as rx:
+        c = start_coordinator(notify_url=(rx.url,), exclude_command="true {host}")
+        with grpc.insecure_channel(c.grpc_address) as ch:
+            iid = _hang_then_resume(c, rpc.CoordinatorStub(ch))
+        got = rx.wait(lambda r: any(x.body["event"] == "incident.action" for x in r), 20)
+    [action] = [r.body for r in got if r.body["event"] == "incident.action"]
+    assert action["incident"]["id"] == iid
+    assert action["incident"]["action"]["kind"] == "exclude"
+    assert action["text"].startswith("[hangwatch] job job-1: exclude ")
