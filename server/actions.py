@@ -206,10 +206,11 @@ class ActionRunner:
             self.metrics.inc(
                 "hangwatch_actions_total", labels={"kind": rec.kind, "status": rec.status}
             )
-        publish = self._publish
-        for rec in done if publish is not None else ():
+        if self._publish is None:
+            return
+        for rec in done:
             try:
-                publish("incident.action", row, rec)
+                self._publish("incident.action", row, rec)
             except Exception:
                 log.exception("incident %s: could not publish its action", incident_id)
 
