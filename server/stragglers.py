@@ -63,6 +63,10 @@ MIN_EPISODES: Final = 5
 CLEAR_TICKS: Final = 150
 P_CLEAR: Final = 0.01
 IDLE_TICKS: Final = 5
+# A gap, in collectives, that counts as behind (or ahead). Below a half: with an
+# even number of members the median sits halfway, and a two-rank group's
+# straggler is exactly 0.5 behind, less the instant correction's rounding.
+GAP: Final = 0.4
 LATE_TICKS: Final = 60  # late_ms follows about the last minute
 RATE_TICKS: Final = 30  # baseline for the group's collectives-per-second rate
 CARRY_TICKS: Final = 5  # an unchanged rank's last reading stands for this many ticks
@@ -141,9 +145,9 @@ class _Track:
 
     def push(self, gap: float, late_s: float, started_gap: float | None) -> None:
         """One tick: the gap to the median member, in collectives (> 0: behind)."""
-        behind, ahead = gap >= 0.5, gap <= -0.5
-        started_behind = None if started_gap is None else started_gap >= 0.5
-        started_ahead = started_gap is not None and started_gap <= -0.5
+        behind, ahead = gap >= GAP, gap <= -GAP
+        started_behind = None if started_gap is None else started_gap >= GAP
+        started_ahead = started_gap is not None and started_gap <= -GAP
         mask = (1 << WINDOW_TICKS) - 1
         self.seen = ((self.seen << 1) | 1) & mask
         self.behind = ((self.behind << 1) | behind) & mask

@@ -106,3 +106,17 @@ def test_reports_without_a_clock_estimate_are_not_compared() -> None:
     m.observe(rep)
     view = m.view("j")
     assert view is not None and view.ranks == []
+
+
+def test_a_slow_node_names_each_of_its_ranks_and_nobody_else() -> None:
+    node = set(range(8, 16))  # one agent's 8 ranks: a slow NIC, a throttled host
+    r = replay(SimJob(ranks=32, slow=dict.fromkeys(node, 0.3)), 120, clock_error_s=CLOCK_ERROR_S)
+    assert {s.rank for _, s in r.flags} == node
+    assert max(t for t, _ in r.flags) <= 90
+
+
+def test_two_rank_job() -> None:
+    # The median of two sits halfway: the straggler is half a collective behind, its peer ahead.
+    r = replay(SimJob(ranks=2, slow={1: 0.5}), 120, clock_error_s=CLOCK_ERROR_S, per_agent=1)
+    assert [s.rank for _, s in r.flags] == [1]
+    assert r.flags[0][0] <= 90
