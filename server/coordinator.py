@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from hangwatch.server.metrics import Metrics
 from hangwatch.server.notify import Notifier, dashboard_base
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentRow, IncidentStore
-from hangwatch.server.stragglers import Straggler, StragglerMonitor
+from hangwatch.server.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
 from hangwatch.server.uploads import MAX_FILE_BYTES
 from hangwatch.server.web.api import incident_summary
 
@@ -155,6 +157,18 @@ class Coordinator:
 
     def _straggler_flagged(self, job_id: str, s: Straggler) -> None:
         self.metrics.inc("hangwatch_stragglers_flagged_total")
+        base = dashboard_base(self.config.public_url, self.context.http_address)
+        url = f"{base}/jobs/{urllib.parse.quote(job_id, safe='')}"
+        item = {"id": f"{job_id}/rank-{s.rank}", "job": job_id, **dataclasses.asdict(s), "url": url}
+        self.notifier.publish(
+            STRAGGLER_EVENT,
+            item,
+            text=(
+                f"[hangwatch] job {job_id}: rank {s.rank} ({s.host or 'unknown host'}) is a "
+                f"straggler: its peers wait for it {100 * s.score:.0f}% of the time, "
+                f"{s.late_ms:.1f} ms late per collective ({s.kind} side). {url}"
+            ),
+        )
 
     def _publish_action(self, event: str, row: IncidentRow, rec: ActionRecord) -> None:
         """`incident.action`: the incident as listed, plus the action that finished."""

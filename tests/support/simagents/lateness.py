@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,15 +212,26 @@ class Replay:
         return [(t, s) for t, s in self.flags if s.rank not in ranks]
 
 
-def replay(job: SimJob, duration_s: float, **readings: Any) -> Replay:
+def replay(
+    job: SimJob,
+    duration_s: float,
+    *,
+    on_flag: Callable[[str, Straggler], None] | None = None,
+    **readings: Any,
+) -> Replay:
     """Run the job for `duration_s` of simulated time through a real StragglerMonitor
-    on a fake clock: every tick, every agent's report, then the monitor's scoring."""
+    on a fake clock: every tick, every agent's report, then the monitor's scoring.
+    `on_flag` is called too, as a coordinator's would be."""
     timeline = simulate(job, duration_s)
     now = [0]
     flags: list[tuple[float, Straggler]] = []
-    monitor = StragglerMonitor(
-        clock_ns=lambda: now[0], on_flag=lambda _job, s: flags.append((now[0] / 1e9, s))
-    )
+
+    def flagged(job_id: str, s: Straggler) -> None:
+        flags.append((now[0] / 1e9, s))
+        if on_flag is not None:
+            on_flag(job_id, s)
+
+    monitor = StragglerMonitor(clock_ns=lambda: now[0], on_flag=flagged)
     rd = Readings(job, timeline, **readings)
     for req in rd.register_requests():
         monitor.register(req)
