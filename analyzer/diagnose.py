@@ -22,8 +22,9 @@ from hangwatch.analyzer.loader import LoadedDumps
 from hangwatch.analyzer.matching import find_mismatches
 from hangwatch.analyzer.report import Finding, FindingKind, Report, StalledCollective
 from hangwatch.analyzer.scope import build_scope
+from hangwatch.analyzer.streams import heads, pending_ops, stream_waits
 from hangwatch.analyzer.verdict import decide
-from hangwatch.analyzer.waits import collective_waits, p2p_waits
+from hangwatch.analyzer.waits import Wait, collective_waits, p2p_waits
 
 
 def analyze(
@@ -57,6 +58,8 @@ def _diagnose(
     scope = build_scope(loaded, entries, groups, world_size, only_group)
     p2p = p2p_waits(scope)
     waits = collective_waits(scope) + p2p.waits
+    pending = pending_ops(scope)
+    waits += stream_waits(scope, pending, scope.dumped - _waiting(waits))
     targeted = [w for w in waits if w.targets]
     single_roots, cycles = wait_terminals(waits)
     roots = sorted(set(single_roots) | {r for c in cycles for r in c})
@@ -73,7 +76,9 @@ def _diagnose(
     elif d.best is not None:
         best = d.best
         stalled = stalled_for(scope, best.group, best.seq, best.kind, best)
-        roots_found = fnd.root_findings(scope, blamed, cycles, waits, p2p.blocked)
+        roots_found = fnd.root_findings(
+            scope, blamed, cycles, waits, p2p.blocked, heads=heads(pending)
+        )
         found += roots_found
         found += fnd.unblamed_missing_findings(scope, d.lagging)
         summary = wording.hang_summary(
@@ -124,6 +129,10 @@ def _diagnose(
         cycles=cycles,
         evidence=rank_evidence(scope, sorted(d.lagging), waits, stalled),
     )
+
+
+def _waiting(waits: list[Wait]) -> set[int]:
+    return {r for w in waits if w.targets for r in w.waiters}
 
 
 __all__ = ["analyze"]

@@ -11,6 +11,7 @@ from hangwatch.analyzer.progress import done_mask
 from hangwatch.analyzer.report import Finding
 from hangwatch.analyzer.report import FindingKind as K
 from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.verdict import wait_key
 from hangwatch.analyzer.waits import Unmatched, Wait
 
@@ -30,6 +31,8 @@ def root_findings(
     cycles: list[list[int]],
     waits: list[Wait],
     p2p_blocked: set[int],
+    *,
+    heads: dict[int, HeadOp] | None = None,
 ) -> list[Finding]:
     """One finding per cycle, then one per blamed rank outside the cycles."""
     out: list[Finding] = []
@@ -58,6 +61,15 @@ def root_findings(
                 detail = wording.not_dumped_root(r, state, n_wait, at)
             else:
                 kind, detail = K.MISSING_DUMP, wording.missing_root(r, n_wait, at)
+        elif (head := (heads or {}).get(r)) is not None and all(
+            w.queued for w in waits if r in w.targets
+        ):
+            # Everyone waiting on r waits on work r entered, queued behind r's
+            # oldest op, which r's peers entered: r is stuck inside that op.
+            kind = K.STUCK_INSIDE_OP
+            detail = wording.stuck_inside_op_root(
+                r, wording.head_where(scope.groups, head), n_wait, at
+            )
         elif not (r in p2p_blocked or scope.in_collective(r)):
             kind = K.STUCK_OUTSIDE_COLLECTIVE
             detail = wording.outside_collective_root(

@@ -38,6 +38,7 @@ class FindingKind(StrEnum):
 
     NOT_ENTERED = "not-entered"
     STUCK_OUTSIDE_COLLECTIVE = "stuck-outside-collective"
+    STUCK_INSIDE_OP = "stuck-inside-op"
     MISSING_DUMP = "missing-dump"
     FROZEN = "frozen"
     AGENT_UNREACHABLE = "agent-unreachable"
@@ -58,6 +59,9 @@ FINDING_KINDS: dict[FindingKind, str] = {
     "work has not finished although all its peers entered it",
     FindingKind.STUCK_OUTSIDE_COLLECTIVE: "the rank is in no collective its peers wait on and "
     "never entered the stalled one: stuck in compute, I/O or Python (see its stacks)",
+    FindingKind.STUCK_INSIDE_OP: "the rank's oldest unfinished op was entered by all its peers "
+    "and has not finished on it; the work others wait on is queued behind that op (stream "
+    "order): it is stuck inside it (GPU, network)",
     FindingKind.MISSING_DUMP: "no dump from the rank (absent or unreadable): blamed only when "
     "no rank with a dump explains the stall, otherwise listed as not blamed",
     FindingKind.FROZEN: "the rank's process is stopped (SIGSTOP, tracing stop): no dump could "

@@ -34,6 +34,12 @@ class Wait:
     profiling_name: str = ""
     oldest_ns: int = 0  # earliest creation time of the waiters' entries (0: unknown)
     detail: dict[int, set[int]] = field(default_factory=dict)  # p2p: waiter -> peers
+    # The targets entered (g, seq) too; their side is queued behind their own
+    # older unfinished work (streams.stream_waits).
+    queued: bool = False
+
+
+OTHER_SIDE = {"send": "recv", "recv": "send"}
 
 
 class Unmatched(NamedTuple):
@@ -137,6 +143,30 @@ def _first_entry_info(
     return out
 
 
+def global_peers(scope: Scope, sub: pd.DataFrame) -> np.ndarray:
+    """Each p2p row's peer as a global rank (-1: a collective, or membership not exact).
+
+    `sub` has str `group` and `op` columns; FR writes peers group-local.
+    """
+    op = sub["op"].to_numpy()
+    peer_local = np.where(op == "recv", sub["peer_src"].to_numpy(), sub["peer_dst"].to_numpy())
+    peer_global = np.full(len(sub), -1, dtype=np.int64)
+    gcol = sub["group"].to_numpy()
+    is_p2p = sub["is_p2p"].to_numpy() & np.isin(op, list(OTHER_SIDE))
+    for g in pd.unique(gcol[is_p2p]):
+        meta = scope.groups.get(g)
+        if meta is None or (meta.membership_source == "dumps" and g != "0"):
+            continue
+        ranks = np.asarray(sorted(meta.ranks) if g != "0" or meta.ranks else [], dtype=np.int64)
+        m = is_p2p & (gcol == g)
+        loc = peer_local[m]
+        ok = (loc >= 0) & (loc < len(ranks))
+        glob = np.full(len(loc), -1, dtype=np.int64)
+        glob[ok] = ranks[loc[ok]]
+        peer_global[m] = glob
+    return peer_global
+
+
 def p2p_waits(scope: Scope) -> P2pWaits:
     E = scope.entries
     P = scope.progress
@@ -156,6 +186,7 @@ def p2p_waits(scope: Scope) -> P2pWaits:
             "peer_src",
             "peer_dst",
             "time_created_ns",
+            "is_p2p",
         ],
     ]
     sub = sub.assign(group=sub["group"].astype(str), op=sub["op"].astype(str))
@@ -165,30 +196,31 @@ def p2p_waits(scope: Scope) -> P2pWaits:
     sub = sub.loc[~(sub["p2p_seq_id"].to_numpy() <= np.nan_to_num(ck, nan=-1))]
     if not len(sub):
         return none
-    # Group-local peer -> global rank, per group (membership must be exact).
-    peer_local = np.where(
-        sub["op"].to_numpy() == "recv", sub["peer_src"].to_numpy(), sub["peer_dst"].to_numpy()
-    )
-    peer_global = np.full(len(sub), -1, dtype=np.int64)
-    gcol = sub["group"].to_numpy()
-    for g in pd.unique(gcol):
-        meta = scope.groups.get(g)
-        if meta is None or (meta.membership_source == "dumps" and g != "0"):
-            continue
-        ranks = np.asarray(sorted(meta.ranks) if g != "0" or meta.ranks else [], dtype=np.int64)
-        m = gcol == g
-        loc = peer_local[m]
-        ok = (loc >= 0) & (loc < len(ranks))
-        glob = np.full(len(loc), -1, dtype=np.int64)
-        glob[ok] = ranks[loc[ok]]
-        peer_global[m] = glob
+    peer_global = global_peers(scope, sub)
     sub = sub.assign(peer=peer_global)
     sub = sub.loc[sub["peer"].to_numpy() >= 0]
     p2p_enq = P.table["p2p_enq"]
     pe = p2p_enq.reindex(pd.MultiIndex.from_arrays([sub["peer"], sub["group"]])).to_numpy()
     peer_dumped = sub["peer"].isin(list(scope.dumped)).to_numpy()
     peer_known_missing = ~peer_dumped & sub["peer"].isin(list(scope.universe)).to_numpy()
-    behind = peer_dumped & ~np.isnan(pe) & (np.nan_to_num(pe, nan=0) < sub["p2p_seq_id"].to_numpy())
+    # p2p seq ids count each rank's own ops in the group, so a peer that talks
+    # to more ranks is "ahead" of a seq it never reached: the counter alone
+    # proves nothing. A peer with its matching op open has posted its side.
+    mine = set(zip(sub["rank"], sub["group"], sub["op"], sub["peer"], strict=True))
+    posted = np.fromiter(
+        (
+            (p, g, OTHER_SIDE.get(o, ""), r) in mine
+            for r, g, o, p in zip(sub["rank"], sub["group"], sub["op"], sub["peer"], strict=True)
+        ),
+        dtype=bool,
+        count=len(sub),
+    )
+    behind = (
+        peer_dumped
+        & ~posted
+        & ~np.isnan(pe)
+        & (np.nan_to_num(pe, nan=0) < sub["p2p_seq_id"].to_numpy())
+    )
     blamed = sub.loc[behind | peer_known_missing]
     waits: list[Wait] = []
     unmatched: list[Unmatched] = []

@@ -15,6 +15,7 @@ from hangwatch.analyzer.groups import GroupMeta
 from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.report import StalledCollective
 from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
 from hangwatch.analyzer.waits import Unmatched, Wait
 
@@ -257,6 +258,19 @@ def outside_collective_root(r: int, at: str, *, completion_known: bool) -> str:
         else f"rank {r} is in no collective its peers have not all entered, "
         f"and never entered {at}; "
     ) + "it is stuck outside any collective (compute, I/O, Python); see its stacks"
+
+
+def head_where(groups: dict[str, GroupMeta], h: HeadOp) -> str:
+    """Where a rank's oldest unfinished op is: 'all_gather #7 in group 42 (TP)'."""
+    return f"{h.op or h.kind} #{h.seq} in group {gname(groups, h.group)}"
+
+
+def stuck_inside_op_root(r: int, head: str, n_wait: int, at: str) -> str:
+    return (
+        f"rank {r} has not finished {head}, its oldest unfinished op, which all its peers "
+        f"entered; {plural(n_wait, 'rank')} wait on its side of {at}, queued behind it: "
+        f"it is stuck inside that op (GPU, network); see its GPU state and stacks"
+    )
 
 
 def not_entered_root(r: int, n_wait: int, at: str) -> str:
