@@ -22,6 +22,7 @@ from hangwatch.analyzer.loader import LoadedDumps
 from hangwatch.analyzer.matching import find_mismatches
 from hangwatch.analyzer.report import Finding, FindingKind, Report, StalledCollective
 from hangwatch.analyzer.scope import build_scope
+from hangwatch.analyzer.selection import known_roots, outside_waits
 from hangwatch.analyzer.streams import heads, pending_ops, stream_waits
 from hangwatch.analyzer.verdict import decide
 from hangwatch.analyzer.waits import Wait, collective_waits, p2p_waits
@@ -60,12 +61,14 @@ def _diagnose(
     waits = collective_waits(scope) + p2p.waits
     pending = pending_ops(scope)
     waits += stream_waits(scope, pending, scope.dumped - _waiting(waits))
+    outside = outside_waits(scope, pending)
     targeted = [w for w in waits if w.targets]
     single_roots, cycles = wait_terminals(waits)
+    single_roots = known_roots(single_roots, waits, outside)
     roots = sorted(set(single_roots) | {r for c in cycles for r in c})
     blamed = blame_in_cycles(roots, cycles, waits)
     mismatches = find_mismatches(entries, groups)
-    d = decide(scope, waits, blamed, mismatches, p2p.blocked)
+    d = decide(scope, waits, blamed, mismatches, p2p.blocked, outside)
 
     found: list[Finding] = fnd.mismatch_findings(mismatches)
     stalled: StalledCollective | None = None
@@ -99,7 +102,9 @@ def _diagnose(
         )
     else:
         found += fnd.no_culprit_findings(scope, blocked_any=d.blocked_any, incident=d.incident)
-        if d.verdict == "unknown" and scope.membership_unknown(alone=True):
+        if d.verdict == "unknown" and outside:
+            summary = wording.outside_selection_summary(outside)
+        elif d.verdict == "unknown" and scope.membership_unknown(alone=True):
             summary = wording.membership_unknown_summary(
                 scope, scope.membership_unknown(alone=True)
             )
@@ -113,6 +118,7 @@ def _diagnose(
     found += fnd.wrap_findings(scope)
     found += fnd.completion_unknown_findings(scope)
     found += fnd.membership_unknown_findings(scope)
+    found += fnd.outside_selection_findings(scope, outside)
     return Report(
         verdict=d.verdict,
         summary=summary,

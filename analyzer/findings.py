@@ -165,6 +165,22 @@ def completion_unknown_findings(scope: Scope) -> list[Finding]:
     ]
 
 
+def outside_selection_findings(scope: Scope, outside: list[Wait]) -> list[Finding]:
+    if not outside:
+        return []
+    ranks = sorted(set().union(*(w.waiters | w.targets for w in outside)))
+    first = outside[0]
+    return [
+        Finding(
+            kind=K.OUTSIDE_SELECTION,
+            ranks=ranks,
+            group=first.group,
+            seq=first.seq,
+            detail=wording.outside_selection(scope.groups, outside),
+        )
+    ]
+
+
 def membership_unknown_findings(scope: Scope) -> list[Finding]:
     """One finding per group a rank is blocked in whose membership is unknown."""
     out = []

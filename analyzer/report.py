@@ -52,6 +52,7 @@ class FindingKind(StrEnum):
     NO_COLLECTIVE_IN_FLIGHT = "no-collective-in-flight"
     COMPLETION_UNKNOWN = "completion-unknown"
     MEMBERSHIP_UNKNOWN = "membership-unknown"
+    OUTSIDE_SELECTION = "outside-selection"
 
 
 FINDING_KINDS: dict[FindingKind, str] = {
@@ -83,6 +84,8 @@ FINDING_KINDS: dict[FindingKind, str] = {
     "collective counts as finished once every member entered it",
     FindingKind.MEMBERSHIP_UNKNOWN: "a rank is in an unfinished collective of a group whose "
     "members nobody names (no pg_config ranks, no bundle metadata, no --world-size)",
+    FindingKind.OUTSIDE_SELECTION: "selected ranks have unfinished collectives or send/recv "
+    "with ranks whose dumps --selected-ranks left out: whether they wait on them is unknown",
 }
 
 

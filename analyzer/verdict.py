@@ -65,6 +65,7 @@ def decide(
     blamed: list[int],
     mismatches: list[Mismatch],
     p2p_blocked: set[int],
+    outside: list[Wait] | None = None,
 ) -> Decision:
     """`blamed`: the graph's roots after blame within cycles (graph.blame_in_cycles)."""
     live_mm = [m for m in mismatches if not scope.complete_everywhere(m.group, m.seq)]
@@ -86,7 +87,9 @@ def decide(
             verdict="hang", lagging=blamed, best=best, incident=incident, blocked_any=blocked_any
         )
     verdict: Verdict
-    if (scope.unknown_groups() or scope.membership_unknown(alone=True)) and not incident:
+    if outside:
+        verdict = "unknown"  # selected ranks may be waiting on ranks not selected
+    elif (scope.unknown_groups() or scope.membership_unknown(alone=True)) and not incident:
         verdict = "unknown"
     elif incident:
         verdict = "no-culprit-visible"

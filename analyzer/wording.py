@@ -158,6 +158,27 @@ def membership_unknown_summary(scope: Scope, groups_unknown: list[str]) -> str:
     )
 
 
+def outside_selection_summary(outside: list[Wait]) -> str:
+    waiters = sorted(set().union(*(w.waiters for w in outside)))
+    others = sorted(set().union(*(w.targets for w in outside)))
+    kinds = sorted({"send/recv" if w.kind == "p2p" else "collectives" for w in outside})
+    return (
+        f"FR cannot tell: {ranks_lower(waiters)} {'has' if len(waiters) == 1 else 'have'} "
+        f"unfinished {' and '.join(kinds)} with {ranks_lower(others)}, whose dumps are not "
+        "selected (--selected-ranks): whether they are waiting on those ranks is not in the "
+        "selected dumps; analyse with those ranks too."
+    )
+
+
+def outside_selection(groups: dict[str, GroupMeta], outside: list[Wait]) -> str:
+    shown = "; ".join(
+        f"{rank_list(sorted(w.waiters))} with {rank_list(sorted(w.targets))} at {where(groups, w)}"
+        for w in outside[:6]
+    )
+    more = f" and {len(outside) - 6} more" if len(outside) > 6 else ""
+    return f"unfinished work with ranks whose dumps are not selected: {shown}{more}"
+
+
 def no_culprit_summary(blocked_any: bool) -> str:
     if blocked_any:
         return (
