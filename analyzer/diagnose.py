@@ -104,10 +104,8 @@ def _diagnose(
         found += fnd.no_culprit_findings(scope, blocked_any=d.blocked_any, incident=d.incident)
         if d.verdict == "unknown" and outside:
             summary = wording.outside_selection_summary(outside)
-        elif d.verdict == "unknown" and scope.membership_unknown(alone=True):
-            summary = wording.membership_unknown_summary(
-                scope, scope.membership_unknown(alone=True)
-            )
+        elif d.verdict == "unknown" and scope.membership_unknown():
+            summary = wording.membership_unknown_summary(scope, scope.membership_unknown())
         elif d.verdict == "unknown":
             summary = wording.unknown_summary(scope.unknown_groups())
         elif d.verdict == "no-culprit-visible":

@@ -128,11 +128,13 @@ def build_groups(
     dumps that mention the group, else (default group only) --world-size."""
     desc: dict[str, str] = {}
     from_cfg: dict[str, list[int]] = {}
-    for cfg in pg_config.values():
+    for r, cfg in pg_config.items():
         for name, c in cfg.items():
             if c.get("desc"):
                 desc.setdefault(name, c["desc"])
-            if c.get("ranks"):
+            # A member's own config must list it: torch 2.15's gloo writes a
+            # subgroup's group-local ranks ('[0, 1]' for a group {2, 3}).
+            if c.get("ranks") and r in c["ranks"]:
                 from_cfg.setdefault(name, c["ranks"])
     from_meta: dict[str, set[int]] = {}
     # The same member list arrives from every member's meta.json: fold each

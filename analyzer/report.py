@@ -26,10 +26,13 @@ VERDICTS: dict[str, str] = {
     "its known members and nothing is unmatched (offline dumps, no stall reported)",
     "no-culprit-visible": "a stall was reported (an incident), but FR shows nobody waiting on a "
     "rank that is behind: read the stacks",
-    "unknown": "the dumps cannot tell a stuck job from a healthy one: a group's recorder does "
-    "not record completion, or one rank's dump shows an unfinished collective of a group whose "
-    "members nobody names (no pg_config ranks, no bundle metadata, no --world-size); never "
-    "healthy: read the stacks, or rerun with --world-size or the whole bundle",
+    "unknown": "the dumps cannot tell a stuck job from a healthy one, and the summary says what "
+    "is known and what is missing: a group's recorder does not record completion "
+    "(completion-unknown), a rank is in an unfinished collective of a group whose members only "
+    "the dumps name (membership-unknown: no pg_config ranks, no bundle metadata, no "
+    "--world-size), or selected ranks have unfinished work with ranks --selected-ranks left "
+    "out (outside-selection); never healthy: read the stacks, or rerun with --world-size or "
+    "the whole bundle",
 }
 
 

@@ -69,14 +69,15 @@ class Scope:
         except KeyError:
             return False
 
-    def membership_unknown(self, *, alone: bool = False) -> list[str]:
+    def membership_unknown(self) -> list[str]:
         """Groups some rank is blocked in whose members only the dumps name
-        (no pg_config ranks, no bundle metadata, no --world-size): whether
-        everyone entered is not known.
+        (no pg_config ranks, no bundle metadata, no --world-size).
 
-        `alone`: only those a single rank's dump shows. A collective of a
-        one-member group does not wait, so an unfinished one there proves
-        members nobody can name: never healthy.
+        The dumps name only the ranks that dumped: a member whose dump is not
+        here, or that never recorded the group, is invisible. Whether
+        everyone entered is then not known (a one-member group's collective
+        waits on nobody: an unfinished one proves members nobody names), and
+        the verdict is never healthy.
         """
         blocked = self.progress.table["coll_blocked"].dropna()
         if not len(blocked):
@@ -85,9 +86,7 @@ class Scope:
         unk = [
             g
             for g in names
-            if (m := self.groups.get(g)) is not None
-            and m.membership_source == "dumps"
-            and (not alone or len(m.ranks) <= 1)
+            if (m := self.groups.get(g)) is not None and m.membership_source == "dumps"
         ]
         return sorted(unk, key=lambda n: (not n.isdigit(), int(n) if n.isdigit() else 0, n))
 

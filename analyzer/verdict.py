@@ -14,10 +14,11 @@
   (torch 2.15's FlightRecorderHook on an asynchronous backend such as its
   default NCCL): every member entered every collective, and whether the last
   ones finished is not in the dumps. Never reported as healthy. Also when
-  one rank's dump alone shows an unfinished collective of a group whose
-  membership is unknown (no pg_config ranks, no bundle metadata, no
-  --world-size): a one-member group's collective waits on nobody, so the
-  group has members nobody can name, and whether they entered is unknown.
+  a rank is in an unfinished collective of a group whose membership only the
+  dumps show (no pg_config ranks, no bundle metadata, no --world-size): a
+  member without a dump is invisible, so whether everyone entered is
+  unknown; and when selected ranks have unfinished work with ranks that
+  --selected-ranks left out (selection.py).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def decide(
     verdict: Verdict
     if outside:
         verdict = "unknown"  # selected ranks may be waiting on ranks not selected
-    elif (scope.unknown_groups() or scope.membership_unknown(alone=True)) and not incident:
+    elif (scope.unknown_groups() or scope.membership_unknown()) and not incident:
         verdict = "unknown"
     elif incident:
         verdict = "no-culprit-visible"

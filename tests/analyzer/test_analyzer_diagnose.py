@@ -78,9 +78,13 @@ def test_missing_rank_with_world_size(tmp_path: Path) -> None:
     job.all("0", ranks=[0, 1, 2], done=False)
     job.write(tmp_path, ranks=[0, 1, 2])  # no dump from rank 3
     without = analyze_path(tmp_path)
-    assert (
-        without.ranks_missing == [] and without.verdict == "healthy"
-    )  # nobody knows rank 3 exists
+    # Nobody names rank 3, so it is not "missing"; but group 0's membership is
+    # known only from the dumps of ranks 0-2, which sit in an unfinished
+    # all_reduce: a member without a dump would be invisible. Not healthy.
+    assert without.ranks_missing == [] and without.verdict == "unknown"
+    f = next(f for f in without.findings if f.kind == "membership-unknown")
+    assert f.group == "0" and f.ranks == [0, 1, 2] and f.seq == 2
+    assert "--world-size" in without.summary
     rep = analyze_path(tmp_path, world_size=4)
     assert rep.ranks_missing == [3]
     assert rep.verdict == "hang" and rep.lagging_ranks == [3]
