@@ -60,11 +60,15 @@ def _diagnose(
     p2p = p2p_waits(scope)
     waits = collective_waits(scope) + p2p.waits
     pending = pending_ops(scope)
+    head_ops = heads(pending)
     waits += stream_waits(scope, pending, scope.dumped - _waiting(waits))
     outside = outside_waits(scope, pending)
     targeted = [w for w in waits if w.targets]
+    waits, not_roots = _without_weak_blame(waits)
     single_roots, cycles = wait_terminals(waits)
-    single_roots = known_roots(single_roots, waits, outside)
+    single_roots = [
+        r for r in known_roots(single_roots, waits, outside, head_ops) if r not in not_roots
+    ]
     roots = sorted(set(single_roots) | {r for c in cycles for r in c})
     blamed = blame_in_cycles(roots, cycles, waits)
     mismatches = find_mismatches(entries, groups)
@@ -79,9 +83,7 @@ def _diagnose(
     elif d.best is not None:
         best = d.best
         stalled = stalled_for(scope, best.group, best.seq, best.kind, best)
-        roots_found = fnd.root_findings(
-            scope, blamed, cycles, waits, p2p.blocked, heads=heads(pending)
-        )
+        roots_found = fnd.root_findings(scope, blamed, cycles, waits, p2p.blocked, heads=head_ops)
         found += roots_found
         found += fnd.unblamed_missing_findings(scope, d.lagging)
         summary = wording.hang_summary(
@@ -102,7 +104,9 @@ def _diagnose(
         )
     else:
         found += fnd.no_culprit_findings(scope, blocked_any=d.blocked_any, incident=d.incident)
-        if d.verdict == "unknown" and outside:
+        if d.verdict == "unknown" and not scope.dumped:
+            summary = wording.nothing_dumped_summary(scope.missing)
+        elif d.verdict == "unknown" and outside:
             summary = wording.outside_selection_summary(outside)
         elif d.verdict == "unknown" and scope.membership_unknown():
             summary = wording.membership_unknown_summary(scope, scope.membership_unknown())
@@ -133,6 +137,27 @@ def _diagnose(
         cycles=cycles,
         evidence=rank_evidence(scope, sorted(d.lagging), waits, stalled),
     )
+
+
+def _without_weak_blame(waits: list[Wait]) -> tuple[list[Wait], set[int]]:
+    """The waits to blame from, and ranks that are not roots although nobody
+    they wait on is in that graph.
+
+    A missing dump proves nothing: waits on ranks without a dump are dropped
+    when ranks with dumps explain the stall by themselves (a root that waits
+    on nobody, or a cycle). A rank whose only wait is on a rank without a
+    dump is then not blamed either: it is blocked on that rank, whose
+    absence is reported, not on something of its own.
+    """
+    weak = [w for w in waits if w.on_missing]
+    if not weak:
+        return waits, set()
+    strong = [w for w in waits if not w.on_missing]
+    on_missing = set().union(*(w.waiters for w in weak))
+    roots, cycles = wait_terminals(strong)
+    if cycles or set(roots) - on_missing:
+        return strong, on_missing
+    return waits, set()
 
 
 def _waiting(waits: list[Wait]) -> set[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.waits import Wait
 
 
@@ -67,16 +68,23 @@ def outside_waits(scope: Scope, pending: pd.DataFrame) -> list[Wait]:
     return out
 
 
-def known_roots(roots: list[int], waits: list[Wait], outside: list[Wait]) -> list[int]:
+def known_roots(
+    roots: list[int], waits: list[Wait], outside: list[Wait], heads: dict[int, HeadOp]
+) -> list[int]:
     """The roots that do not rest on ranks outside the selection.
 
     A rank that others wait on only through work queued behind its own
     oldest op is a root because that op's other sides are at their heads;
-    when some of those sides belong to unselected ranks, that is not known.
+    when that op is shared with unselected ranks, that is not known.
     """
     if not outside:
         return roots
-    unsure = set().union(*(w.waiters for w in outside))
+    unsure = {
+        r
+        for w in outside
+        for r in w.waiters
+        if (h := heads.get(r)) is not None and (h.group, h.seq, h.kind) == (w.group, w.seq, w.kind)
+    }
     return [
         r for r in roots if r not in unsure or not all(w.queued for w in waits if r in w.targets)
     ]

@@ -88,7 +88,9 @@ def decide(
             verdict="hang", lagging=blamed, best=best, incident=incident, blocked_any=blocked_any
         )
     verdict: Verdict
-    if outside:
+    if not scope.dumped:
+        verdict = "unknown"  # no dump at all: nothing is known either way
+    elif outside:
         verdict = "unknown"  # selected ranks may be waiting on ranks not selected
     elif (scope.unknown_groups() or scope.membership_unknown()) and not incident:
         verdict = "unknown"

@@ -37,6 +37,9 @@ class Wait:
     # The targets entered (g, seq) too; their side is queued behind their own
     # older unfinished work (streams.stream_waits).
     queued: bool = False
+    # The targets are members without a dump, taken as the targets only
+    # because no member with a dump is behind: the weakest evidence.
+    on_missing: bool = False
 
 
 OTHER_SIDE = {"send": "recv", "recv": "send"}
@@ -96,6 +99,7 @@ def collective_waits(scope: Scope) -> list[Wait]:
                 op=info.get("op", ""),
                 profiling_name=info.get("profiling_name", ""),
                 oldest_ns=info.get("oldest_ns", 0),
+                on_missing=not behind and bool(targets - waiters),
             )
         )
     return waits
@@ -221,10 +225,14 @@ def p2p_waits(scope: Scope) -> P2pWaits:
         & ~np.isnan(pe)
         & (np.nan_to_num(pe, nan=0) < sub["p2p_seq_id"].to_numpy())
     )
-    blamed = sub.loc[behind | peer_known_missing]
+    # Waits on peers without a dump apart from the others: they are weaker
+    # evidence (Wait.on_missing).
+    blamed = sub.loc[behind | peer_known_missing].assign(
+        nodump=peer_known_missing[behind | peer_known_missing]
+    )
     waits: list[Wait] = []
     unmatched: list[Unmatched] = []
-    for (g, k), grp in blamed.groupby(["group", "p2p_seq_id"]):
+    for (g, k, _), grp in blamed.groupby(["group", "p2p_seq_id", "nodump"]):
         w = Wait(
             group=str(g),
             seq=int(k),
@@ -238,6 +246,7 @@ def p2p_waits(scope: Scope) -> P2pWaits:
         for r, p in zip(grp["rank"], grp["peer"], strict=True):
             w.detail.setdefault(int(r), set()).add(int(p))
         w.targets -= w.waiters
+        w.on_missing = bool(w.targets) and not w.targets & scope.dumped
         waits.append(w)
         for r, p, name in zip(grp["rank"], grp["peer"], grp["profiling_name"], strict=True):
             unmatched.append(Unmatched(int(p), int(r), str(g), int(k), str(name)))

@@ -158,6 +158,14 @@ def membership_unknown_summary(scope: Scope, groups_unknown: list[str]) -> str:
     )
 
 
+def nothing_dumped_summary(missing: list[int]) -> str:
+    who = f" (expected from {ranks_lower(missing)})" if missing else ""
+    return (
+        f"FR cannot tell: no rank's dump was loaded{who}, so nothing is known of where the "
+        "job is; see the stacks, or analyse a directory that holds the dumps."
+    )
+
+
 def outside_selection_summary(outside: list[Wait]) -> str:
     waiters = sorted(set().union(*(w.waiters for w in outside)))
     others = sorted(set().union(*(w.targets for w in outside)))
