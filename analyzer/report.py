@@ -23,7 +23,8 @@ VERDICTS: dict[str, str] = {
     "mismatch": "members entered the same collective seq with a different op, sizes or dtypes: "
     "the lagging ranks are the odd ones out; the stalled collective is what the majority called",
     "healthy": "nothing stalled in the dumps: every collective in flight was entered by all of "
-    "its known members and nothing is unmatched (offline dumps, no stall reported)",
+    "its members (named by pg_config, bundle metadata or --world-size, not only by the dumps) "
+    "and nothing is unmatched (offline dumps, no stall reported)",
     "no-culprit-visible": "a stall was reported (an incident), but FR shows nobody waiting on a "
     "rank that is behind: read the stacks",
     "unknown": "the dumps cannot tell a stuck job from a healthy one, and the summary says what "
@@ -31,8 +32,8 @@ VERDICTS: dict[str, str] = {
     "(completion-unknown), a rank is in an unfinished collective of a group whose members only "
     "the dumps name (membership-unknown: no pg_config ranks, no bundle metadata, no "
     "--world-size), or selected ranks have unfinished work with ranks --selected-ranks left "
-    "out (outside-selection); never healthy: read the stacks, or rerun with --world-size or "
-    "the whole bundle",
+    "out (outside-selection), or no rank's dump was loaded; never healthy: read the stacks, or "
+    "rerun with --world-size or the whole bundle",
 }
 
 
