@@ -171,6 +171,25 @@ def global_peers(scope: Scope, sub: pd.DataFrame) -> np.ndarray:
     return peer_global
 
 
+def _pairwise(E: pd.DataFrame, scope: Scope, sub: pd.DataFrame) -> np.ndarray:
+    """Per row of `sub`: the rank's p2p ops in the group (all it holds) are all
+    with this peer, and the peer's with this rank only."""
+    p2p = E.loc[E["is_p2p"].to_numpy(), ["rank", "group", "op", "peer_src", "peer_dst", "is_p2p"]]
+    p2p = p2p.assign(group=p2p["group"].astype(str), op=p2p["op"].astype(str))
+    p2p = p2p.assign(peer=global_peers(scope, p2p)).drop_duplicates(["rank", "group", "peer"])
+    peers: dict[tuple[int, str], set[int]] = {}
+    for r, g, q in zip(p2p["rank"], p2p["group"], p2p["peer"], strict=True):
+        peers.setdefault((int(r), str(g)), set()).add(int(q))
+    return np.fromiter(
+        (
+            peers.get((int(r), g), set()) == {int(q)} and peers.get((int(q), g), set()) <= {int(r)}
+            for r, g, q in zip(sub["rank"], sub["group"], sub["peer"], strict=True)
+        ),
+        dtype=bool,
+        count=len(sub),
+    )
+
+
 def p2p_waits(scope: Scope) -> P2pWaits:
     E = scope.entries
     P = scope.progress
@@ -207,9 +226,12 @@ def p2p_waits(scope: Scope) -> P2pWaits:
     pe = p2p_enq.reindex(pd.MultiIndex.from_arrays([sub["peer"], sub["group"]])).to_numpy()
     peer_dumped = sub["peer"].isin(list(scope.dumped)).to_numpy()
     peer_known_missing = ~peer_dumped & sub["peer"].isin(list(scope.universe)).to_numpy()
-    # p2p seq ids count each rank's own ops in the group, so a peer that talks
-    # to more ranks is "ahead" of a seq it never reached: the counter alone
-    # proves nothing. A peer with its matching op open has posted its side.
+    # p2p seq ids count each rank's own ops in the group. Between two ranks
+    # that talk only to each other there, they count the pair's ops and the
+    # peer's counter says whether it posted its side; where either talks to
+    # others too, a higher counter proves nothing, and a peer with its
+    # matching op open has posted its side.
+    pairwise = _pairwise(E, scope, sub)
     mine = set(zip(sub["rank"], sub["group"], sub["op"], sub["peer"], strict=True))
     posted = np.fromiter(
         (
@@ -221,7 +243,7 @@ def p2p_waits(scope: Scope) -> P2pWaits:
     )
     behind = (
         peer_dumped
-        & ~posted
+        & (pairwise | ~posted)
         & ~np.isnan(pe)
         & (np.nan_to_num(pe, nan=0) < sub["p2p_seq_id"].to_numpy())
     )
