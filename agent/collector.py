@@ -14,7 +14,6 @@ The rank directory is written under a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -32,6 +31,7 @@ from hangwatch.agent.procstate import process_state, state_name
 from hangwatch.agent.ranks import RankTracker
 
 from hangwatch import formats, frtail, hook_protocol
+from hangwatch.formats import FrSource, MissingReason, RankMeta
 from hangwatch.recorders import Recorder
 from hangwatch.wire import pb
 
@@ -51,8 +51,8 @@ class RankBundle:
     rank: int
     directory: str
     files: list[str]
-    meta: dict[str, Any]
-    # Why this rank counts as not dumped ("" = dumped).
+    meta: RankMeta
+    # Why this rank counts as not dumped ("" = dumped): text that starts with a MissingReason.
     failure: str = ""
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -177,9 +177,7 @@ def _abort_file(run_dir: str, rank: int, rec: Recorder) -> str | None:
 
 def _watchdog_file(t: RankTracker, run_dir: str, rank: int) -> str | None:
     """torch's own dump-on-timeout file: where the hook pointed it, or where the job did."""
-    prefixes = t.info.get("dump_prefixes") or {}
-    real = prefixes.get("watchdog") if isinstance(prefixes, dict) else None
-    prefix = real if isinstance(real, str) and real else hook_protocol.fr_dump_prefix(run_dir)
+    prefix = t.info.watchdog_prefix or hook_protocol.fr_dump_prefix(run_dir)
     path = f"{prefix}{rank}"
     return path if os.path.isfile(path) else None
 
@@ -194,11 +192,11 @@ def collect_rank(
     tail_context: int = 0,
 ) -> RankBundle:
     rank = t.rank
-    state = process_state(t.pid, t.info.get("proc_starttime"))
+    state = process_state(t.pid, t.info.proc_starttime)
     alive = state in (pb.PROCESS_STATE_RUNNING, pb.PROCESS_STATE_UNRESPONSIVE)
     stopped = state == pb.PROCESS_STATE_STOPPED
-    sources = {
-        "fr": "none",
+    sources: dict[str, str] = {
+        "fr": FrSource.NONE,
         "stacks": "none",
         "gpu": "nvml" if gpu.get("available") else "none",
         "process": "procfs",
@@ -208,7 +206,7 @@ def collect_rank(
     reachable = False
 
     # FR dumps: one file per recorder instance.
-    fr_kind = str(t.info.get("fr_source") or "worker-server")
+    fr_kind = t.info.fr_source or FrSource.WORKER_SERVER
     recs = list(t.recorders.values()) or [None]
     fr_names: list[str] = []
     fr_errors: list[str] = []
@@ -228,8 +226,8 @@ def collect_rank(
             if ab is not None:
                 with open(ab, "rb") as f:
                     files[fr_name] = f.read()
-                if sources["fr"] == "none":
-                    sources["fr"] = "abort-file"
+                if sources["fr"] == FrSource.NONE:
+                    sources["fr"] = FrSource.ABORT_FILE
         if fr_name in files:
             fr_names.append(fr_name)
     if not fr_names:
@@ -241,7 +239,7 @@ def collect_rank(
             with open(wd, "rb") as f:
                 files[fr_name] = f.read()
             fr_names.append(fr_name)
-            sources["fr"] = "watchdog-file"
+            sources["fr"] = FrSource.WATCHDOG_FILE
     if fr_errors:
         errors["fr"] = "; ".join(fr_errors)
     if not fr_names:
@@ -265,7 +263,7 @@ def collect_rank(
             if _has_python_frames(text):
                 stacks, sources["stacks"] = (
                     text,
-                    "worker-server" if fr_kind != "thread" else "thread",
+                    FrSource.WORKER_SERVER if fr_kind != FrSource.THREAD else FrSource.THREAD,
                 )
             else:
                 errors["stacks"] = "dump_traceback returned no Python frames (GIL held?)"
@@ -295,33 +293,29 @@ def collect_rank(
             errors["fr_tail"] = f"cannot cut a tail of {fr_name}: {e}"
 
     failure = ""
-    if sources["fr"] == "none":
+    if sources["fr"] == FrSource.NONE:
         if stopped:
-            failure = "process stopped (SIGSTOP?)"
+            failure = MissingReason.PROCESS_STOPPED
         elif not alive:
-            failure = f"process {state_name(state)}"
+            failure = f"{MissingReason.PROCESS_DEAD} {state_name(state)}"
         else:
-            failure = f"no FR dump: {errors.get('fr', 'unknown')}"
-    meta = {
-        "schema": formats.RANKMETA,
-        "rank": rank,
-        "host": str(t.info.get("host") or socket.gethostname()),
-        "pid": t.pid,
-        "process_state": state_name(state),
-        "reachable": reachable,
-        "groups": [_compact_group(g) for g in t.info.get("groups", [])],
-        "recorders": [r.to_json() for r in t.recorders.values()],
-        "sources": sources,
-        "gpu": gpu,
-        "errors": errors,
-    }
-    if tail_context > 0 and stacks:
+            failure = MissingReason.NO_FR_DUMP.text(errors.get("fr", "unknown"))
+    meta = RankMeta(
+        rank=rank,
+        host=t.info.host or socket.gethostname(),
+        pid=t.pid,
+        process_state=state_name(state),
+        reachable=reachable,
+        groups=t.info.groups,
+        recorders=tuple(t.recorders.values()),
+        sources=sources,
+        gpu=gpu,
+        errors=errors,
         # A tails-first incident uploads meta.json and not stacks.txt: one
         # file fewer per rank is 4,096 fewer creates at the coordinator.
-        meta["stacks"] = stacks
-    # Compact: with indent, json falls back to its pure-Python encoder, and a
-    # 4,096-member default group makes that 2.6 ms and 42 KB per rank.
-    files[formats.META_FILE] = json.dumps(meta, separators=(",", ":")).encode()
+        stacks=stacks if tail_context > 0 and stacks else None,
+    )
+    files[formats.META_FILE] = meta.to_bytes()
     directory = _write_rank_dir(run_dir, incident_id, rank, files)
     return RankBundle(
         rank=rank,
@@ -331,12 +325,6 @@ def collect_rank(
         failure=failure,
         sources=sources,
     )
-
-
-def _compact_group(g: Any) -> Any:
-    if isinstance(g, dict) and isinstance(g.get("ranks"), list):
-        return {**g, "ranks": formats.compact_ranks(g["ranks"])}
-    return g
 
 
 def prune_bundles(run_dir: str, *, keep: int, protect: set[str]) -> list[str]:

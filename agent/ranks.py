@@ -23,6 +23,7 @@ from hangwatch.agent import endpoint
 from hangwatch.agent.procstate import process_state
 
 from hangwatch import formats, hook_protocol
+from hangwatch.formats import HookEvent, HookEventKind, RankInfo
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, Recorder
 from hangwatch.wire import pb
 
@@ -63,7 +64,7 @@ class GroupState:
 class RankTracker:
     """What the agent knows about one local rank."""
 
-    info: dict[str, Any]
+    info: RankInfo
     rankinfo_path: str
     rankinfo_mtime: float
     groups: dict[str, GroupState] = field(default_factory=dict)
@@ -96,30 +97,29 @@ class RankTracker:
 
     @property
     def pid(self) -> int:
-        return int(self.info["pid"])
+        return self.info.pid
 
     @property
     def rank(self) -> int:
-        return int(self.info["rank"])
+        return self.info.rank
 
     @property
     def socket(self) -> str | None:
-        sock = self.info.get("socket")
-        return str(sock) if sock else None
+        return self.info.socket or None
 
-    def apply_info(self, info: dict[str, Any]) -> None:
+    def apply_info(self, info: RankInfo) -> None:
         self.info = info
-        recs = [Recorder.from_json(r) for r in info.get("recorders") or [] if isinstance(r, dict)]
+        recs = list(info.recorders)
         if not recs:
             # A rank-info file without recorders (a hook that found none yet):
             # the generic instance, numbered in group-creation order.
-            ordered = sorted(info.get("groups", []), key=lambda g: int(g["pg_id"]))
+            ordered = sorted(info.groups, key=lambda g: -1 if g.pg_id is None else g.pg_id)
             recs = [
                 Recorder(
                     instance=formats.GENERIC_INSTANCE,
                     kind=KIND_GENERIC,
                     completion=COMPLETION_TRACKED,
-                    groups=tuple(str(g["name"]) for g in ordered),
+                    groups=tuple(g.name for g in ordered),
                     json_handler=hook_protocol.FR_TRACE_JSON,
                 )
             ]
@@ -135,27 +135,27 @@ class RankTracker:
                         instance=r.instance,
                         completion_known=r.completion == COMPLETION_TRACKED,
                     )
-        for g in info.get("groups", []):
-            self.groups.setdefault(str(g["name"]), GroupState(name=str(g["name"])))
+        for gi in info.groups:
+            self.groups.setdefault(gi.name, GroupState(name=gi.name))
 
     def rank_info_pb(self) -> pb.RankInfo:
         i = self.info
         return pb.RankInfo(
-            rank=int(i["rank"]),
-            local_rank=int(i.get("local_rank", -1)),
-            world_size=int(i["world_size"]),
-            pid=int(i["pid"]),
-            backend=str(i.get("backend", "")),
-            torch_version=str(i.get("torch_version", "")),
-            fr_source=str(i.get("fr_source") or ""),
+            rank=i.rank,
+            local_rank=i.local_rank,
+            world_size=i.world_size,
+            pid=i.pid,
+            backend=i.backend,
+            torch_version=i.torch_version,
+            fr_source=i.fr_source,
             groups=[
                 pb.GroupInfo(
-                    name=str(g["name"]),
-                    desc=str(g.get("desc", "")),
-                    pg_id=int(g["pg_id"]),
-                    ranks=[int(r) for r in g.get("ranks", [])],
+                    name=g.name,
+                    desc=g.desc,
+                    pg_id=-1 if g.pg_id is None else g.pg_id,
+                    ranks=list(g.ranks),
                 )
-                for g in i.get("groups", [])
+                for g in i.groups
             ],
         )
 
@@ -358,7 +358,7 @@ class PollResult:
 def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     """One poll of one rank. Never raises for an unreachable or dead rank."""
     out = PollResult()
-    state = process_state(t.pid, t.info.get("proc_starttime"))
+    state = process_state(t.pid, t.info.proc_starttime)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):
         t.state = state
         if not t.exited_reported:
@@ -488,17 +488,15 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
     out: list[tuple[int, int, str]] = []
     for raw in data[: end + 1].splitlines():
         try:
-            ev = json.loads(raw)
-        except ValueError:
-            log.warning("rank %d: unreadable hook event line %r", t.rank, raw[:200])
+            ev = HookEvent.from_bytes(raw)
+        except formats.FormatError as e:
+            log.warning("rank %d: unreadable hook event line: %s", t.rank, e)
             continue
-        if ev.get("schema") != formats.HOOK_EVENT:
-            continue
-        detail = str(ev.get("detail", ""))
-        if ev.get("kind") == "collective-timeout":
-            out.append((pb.EVENT_KIND_COLLECTIVE_TIMEOUT, int(ev.get("rank", t.rank)), detail))
-        elif ev.get("kind") == "backend-abort":
-            out.append((pb.EVENT_KIND_BACKEND_UNHEALTHY, int(ev.get("rank", t.rank)), detail))
+        detail = ev.detail
+        if ev.kind == HookEventKind.COLLECTIVE_TIMEOUT:
+            out.append((pb.EVENT_KIND_COLLECTIVE_TIMEOUT, ev.rank, detail))
+        elif ev.kind == HookEventKind.BACKEND_ABORT:
+            out.append((pb.EVENT_KIND_BACKEND_UNHEALTHY, ev.rank, detail))
         else:
             first = not t.last_exception
             t.last_exception = detail
@@ -515,21 +513,16 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
     return out
 
 
-def scan_rankinfo(run_dir: str) -> dict[int, tuple[dict[str, Any], str, float]]:
-    """pid -> (rank-info dict, path, mtime) for every readable rank-info file."""
-    found: dict[int, tuple[dict[str, Any], str, float]] = {}
+def scan_rankinfo(run_dir: str) -> dict[int, tuple[RankInfo, str, float]]:
+    """pid -> (rank info, path, mtime) for every readable rank-info file."""
+    found: dict[int, tuple[RankInfo, str, float]] = {}
     for path in glob.glob(os.path.join(hook_protocol.hook_dir(run_dir), "*.json")):
         try:
             mtime = os.stat(path).st_mtime
-            with open(path, encoding="utf-8") as f:
-                info = json.load(f)
-        except (OSError, ValueError) as e:
+            with open(path, "rb") as f:
+                info = RankInfo.from_bytes(f.read(formats.MAX_RANKINFO_BYTES + 1))
+        except (OSError, formats.FormatError) as e:
             log.debug("skipping %s: %s", path, e)
             continue
-        if not isinstance(info, dict) or info.get("schema") != formats.RANKINFO:
-            continue
-        try:
-            found[int(info["pid"])] = (info, path, mtime)
-        except (KeyError, TypeError, ValueError):
-            log.warning("skipping %s: no pid", path)
+        found[info.pid] = (info, path, mtime)
     return found

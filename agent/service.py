@@ -176,8 +176,7 @@ class Agent:
                 if t is None:
                     if (pid, mtime) in self._ignored:
                         continue
-                    start = info.get("proc_starttime")
-                    if process_state(pid, start) == pb.PROCESS_STATE_GONE:
+                    if process_state(pid, info.proc_starttime) == pb.PROCESS_STATE_GONE:
                         # Left over from an earlier run in this directory.
                         self._ignored.add((pid, mtime))
                         log.info("ignoring %s: pid %d is not running", path, pid)
@@ -188,7 +187,7 @@ class Agent:
                         if old.rank == t.rank and old.exited_reported:
                             del self.trackers[old_pid]
                     self.trackers[pid] = t
-                    log.info("found rank %d (pid %d, %s)", t.rank, pid, info.get("fr_source"))
+                    log.info("found rank %d (pid %d, %s)", t.rank, pid, info.fr_source)
                     changed = True
                 elif mtime != t.rankinfo_mtime:
                     t.apply_info(info)
@@ -218,11 +217,7 @@ class Agent:
                 if m is not None and formats.is_full_fr_name(name):
                     out[os.path.join(fr_dir, name)] = int(m.group(1))
         with self._lock:
-            prefixes = {
-                p
-                for t in self.trackers.values()
-                if isinstance(p := (t.info.get("dump_prefixes") or {}).get("watchdog"), str) and p
-            }
+            prefixes = {t.info.watchdog_prefix for t in self.trackers.values()} - {""}
         for prefix in prefixes:
             d, stem = os.path.split(prefix)
             if os.path.abspath(d) == os.path.abspath(fr_dir):
@@ -482,7 +477,7 @@ class Agent:
                 # Kept on the node: a full FR file that has a tail, until
                 # UPLOAD_FULL; stacks.txt when meta.json carries the same text.
                 if (formats.is_full_fr_name(name) and formats.tail_name_for(name) in b.files) or (
-                    name == formats.STACKS_FILE and "stacks" in b.meta
+                    name == formats.STACKS_FILE and b.meta.stacks is not None
                 ):
                     p.uploaded.add((b.rank, name))
                 elif (b.rank, name) not in p.uploaded:

@@ -22,6 +22,8 @@ from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.text import group_sort_key
 from hangwatch.analyzer.waits import Wait
 
+from hangwatch.formats import FrSource
+
 # Evidence is per rank; at 4,096 ranks keep the report readable.
 MAX_EVIDENCE_RANKS = 64
 
@@ -167,7 +169,7 @@ def rank_evidence(
     comp = scope.tab("coll_comp")
     out: dict[int, RankEvidence] = {}
     for r in chosen:
-        meta = scope.loaded.rank_meta.get(r) or {}
+        meta = scope.loaded.rank_meta.get(r)
         last_c: CollectiveRef | None = None
         if r in newest_done.index:
             row = newest_done.loc[r]
@@ -202,21 +204,21 @@ def rank_evidence(
             if fr is None:
                 fr = _any_frames(scope, r)
             frames = [Frame(name=a, filename=b, line=c) for a, b, c in (fr or ())]
-        sources = dict(meta.get("sources") or {})
+        sources = dict(meta.sources) if meta is not None else {}
         if r in scope.dumped:
-            sources.setdefault("fr", "dump-file")
-        gpu = meta.get("gpu")
+            sources.setdefault("fr", FrSource.DUMP_FILE)
+        reachable = meta.reachable if meta is not None else None
         out[r] = RankEvidence(
             rank=r,
-            host=meta.get("host"),
-            pid=meta.get("pid") if isinstance(meta.get("pid"), int) else None,
-            process_state=meta.get("process_state"),
-            reachable=bool(meta.get("reachable", r in scope.dumped or not meta)),
+            host=meta.host if meta is not None else None,
+            pid=meta.pid if meta is not None else None,
+            process_state=meta.process_state if meta is not None else None,
+            reachable=(r in scope.dumped or meta is None) if reachable is None else reachable,
             last_completed=last_c,
             last_entered=last_e,
             frames=frames,
-            stacks=meta.get("stacks"),
-            gpu=gpu if isinstance(gpu, dict) else None,
+            stacks=meta.stacks if meta is not None else None,
+            gpu=meta.gpu if meta is not None else None,
             sources={str(k): str(v) for k, v in sources.items()},
         )
     return out

@@ -55,8 +55,8 @@ def root_findings(
         n_wait = len(w0.waiters)
         meta = scope.loaded.rank_meta.get(r)
         if r not in scope.dumped:
-            if meta is not None and not meta.get("reachable", True):
-                state = str(meta.get("process_state") or "unknown")
+            if meta is not None and meta.reachable is False:
+                state = meta.process_state or "unknown"
                 kind = K.FROZEN if state in _FROZEN_STATES else K.AGENT_UNREACHABLE
                 detail = wording.not_dumped_root(r, state, n_wait, at)
             else:

@@ -9,6 +9,7 @@ each group says which one (`GroupMeta.membership_source`).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import pandas as pd
 from hangwatch.analyzer.decode import ParsedDump
 
 from hangwatch import formats
+from hangwatch.formats import RankMeta
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +43,7 @@ def map_pg_ids(
     rank: int,
     parsed: ParsedDump,
     entry_map: dict[int, str],
-    meta: dict[str, Any] | None,
+    meta: RankMeta | None,
     digit_names: set[str],
     *,
     instance: str = "",
@@ -59,27 +61,16 @@ def map_pg_ids(
     name any dump mentions (gloo's pg_config is empty).
     """
     mapping: dict[int, tuple[str, str]] = {pid: (g, "entries") for pid, g in entry_map.items()}
-    recs = (meta or {}).get("recorders")
-    rec = (
-        next(
-            (x for x in recs if isinstance(x, dict) and x.get("instance") == instance),
-            None,
-        )
-        if isinstance(recs, list) and instance
-        else None
-    )
-    if rec is not None and isinstance(rec.get("groups"), list):
+    recs = meta.recorders if meta is not None else ()
+    rec = next((x for x in recs if x.instance == instance), None) if instance else None
+    if rec is not None:
         # The agent recorded this instance's own numbering: pg_id == index.
-        for pid, name in enumerate(rec["groups"]):
-            mapping.setdefault(pid, (str(name), "bundle"))
-    elif meta and (not instance or instance == formats.GENERIC_INSTANCE or not recs):
-        for g in meta.get("groups") or []:
-            if isinstance(g, dict) and g.get("pg_id") is not None and g.get("name") is not None:
-                try:
-                    pid = int(g["pg_id"])
-                except (TypeError, ValueError):
-                    continue
-                mapping.setdefault(pid, (str(g["name"]), "bundle"))
+        for pid, name in enumerate(rec.groups):
+            mapping.setdefault(pid, (name, "bundle"))
+    elif meta is not None and (not instance or instance == formats.GENERIC_INSTANCE or not recs):
+        for gi in meta.groups:
+            if gi.pg_id is not None:
+                mapping.setdefault(gi.pg_id, (gi.name, "bundle"))
     ids = sorted(int(k) for k in parsed.pg_status)
     if 0 in ids and 0 not in mapping and "0" not in {g for g, _ in mapping.values()}:
         mapping[0] = ("0", "default")  # the default group is always local pg 0, named "0"
@@ -121,7 +112,7 @@ def build_groups(
     entries: pd.DataFrame,
     pg_status: dict[int, dict[str, PgStatus]],
     pg_config: dict[int, dict[str, dict[str, Any]]],
-    rank_meta: dict[int, dict[str, Any]],
+    rank_meta: dict[int, RankMeta],
     world_size: int | None,
 ) -> dict[str, GroupMeta]:
     """Group membership by name: pg_config, else bundle metadata, else the
@@ -139,20 +130,18 @@ def build_groups(
     from_meta: dict[str, set[int]] = {}
     # The same member list arrives from every member's meta.json: fold each
     # distinct list in once (list == list runs in C; set.update per int does not).
-    seen_lists: dict[str, list[Any] | dict[str, Any]] = {}
+    seen_lists: dict[str, Sequence[int]] = {}
     for r, meta in rank_meta.items():
-        for g in meta.get("groups") or []:
-            if not isinstance(g, dict) or g.get("name") is None:
-                continue
-            name = str(g["name"])
-            if g.get("desc"):
-                desc.setdefault(name, str(g["desc"]))
-            ranks = g.get("ranks")
+        for gi in meta.groups:
+            name = gi.name
+            if gi.desc:
+                desc.setdefault(name, gi.desc)
             s = from_meta.setdefault(name, set())
             s.add(r)
-            if isinstance(ranks, list | dict) and seen_lists.get(name) != ranks:
-                seen_lists[name] = ranks
-                s.update(formats.expand_ranks(ranks) or ())
+            # A range (the compact form) compares in O(1), a list in C.
+            if seen_lists.get(name) != gi.ranks:
+                seen_lists[name] = gi.ranks
+                s.update(gi.ranks)
     from_dumps: dict[str, set[int]] = {}
     if len(entries):
         pairs = entries[["group", "rank"]].drop_duplicates()

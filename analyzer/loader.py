@@ -47,6 +47,8 @@ from hangwatch.analyzer.reading import (
 from hangwatch.analyzer.report import FileError
 from hangwatch.analyzer.sniff import DumpFormatError
 
+from hangwatch.formats import IncidentDoc, RankMeta
+
 __all__ = [
     "MAX_FILE_BYTES",
     "MAX_META_BYTES",
@@ -80,14 +82,14 @@ class LoadedDumps:
     groups: dict[str, GroupMeta]
     ranks_loaded: list[int]
     errors: list[FileError]
-    rank_meta: dict[int, dict[str, Any]]  # bundle meta.json per rank (+ "stacks" text)
+    rank_meta: dict[int, RankMeta]  # bundle meta.json per rank (stacks.txt read in)
     frames: dict[tuple[int, int], tuple[tuple[str, str, int], ...]]  # (rank, record_id)
     versions: dict[int, str]  # rank -> FR format version
     comm_lib_versions: dict[int, str] = field(default_factory=dict)
     backends: dict[int, str] = field(default_factory=dict)  # rank -> "nccl" | "gloo" | ...
     pg_config: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     unmapped_pg_ids: dict[int, list[int]] = field(default_factory=dict)
-    incident: dict[str, Any] | None = None
+    incident: IncidentDoc | None = None
     files: dict[int, str] = field(default_factory=dict)  # rank -> relative path loaded
     world_size: int | None = None
     selected_ranks: set[int] | None = None  # None: every rank found was loaded

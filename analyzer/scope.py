@@ -129,8 +129,8 @@ def build_scope(
         r
         for r in missing
         if (m := loaded.rank_meta.get(r)) is not None
-        and not m.get("reachable", True)
-        and str(m.get("process_state") or "unknown") not in DEAD_STATES
+        and m.reachable is False
+        and (m.process_state or "unknown") not in DEAD_STATES
     }
     return Scope(
         loaded=loaded,

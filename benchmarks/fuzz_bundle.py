@@ -20,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_loader import GOLDEN, run
 
+from hangwatch.formats import IncidentDoc
+
 SEP = b"\n--8<--\n"
 GOOD = GOLDEN / "skip"
 
@@ -52,10 +54,14 @@ def check_bundle(data: bytes, bundle: Path) -> None:
 def seeds(out: Path) -> list[Path]:
     """Golden rank 0 of a few scenarios, with a made-up incident.json."""
     files = []
-    incident = (
-        b'{"schema": "hangwatch.incident/1", "id": "x", "job_id": "j", "reason": "r", '
-        b'"ranks_expected": [0, 1], "ranks_dumped": [1], "ranks_unreachable": {"0": "agent unreachable"}}'
-    )
+    incident = IncidentDoc(
+        id="x",
+        job_id="j",
+        reason="r",
+        ranks_expected=(0, 1),
+        ranks_dumped=(1,),
+        ranks_unreachable={0: "agent unreachable"},
+    ).to_bytes()
     for name in ("skip", "frozen", "gil", "subgroup"):
         r0 = GOLDEN / name / "rank_0"
         if not (r0 / "meta.json").exists():

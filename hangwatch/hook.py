@@ -35,7 +35,6 @@ import atexit
 import contextlib
 import importlib.abc
 import importlib.machinery
-import json
 import logging
 import os
 import re
@@ -321,22 +320,19 @@ def _after_group_change() -> None:
             st.reasons.append(msg)
 
 
-def current_groups() -> list[dict[str, Any]]:
+def current_groups() -> list[formats.GroupInfo]:
     """The groups this process belongs to, in creation order, with their local FR pg_id."""
     c10d = sys.modules[_C10D]
     world = c10d._world
-    groups: list[dict[str, Any]] = []
-    for pg_id, (pg, name) in enumerate(world.pg_names.items()):
-        ranks = sorted(int(r) for r in world.pg_group_ranks.get(pg, {}))
-        groups.append(
-            {
-                "name": str(name),
-                "desc": str(getattr(pg, "group_desc", "") or ""),
-                "pg_id": pg_id,
-                "ranks": ranks,
-            }
+    return [
+        formats.GroupInfo(
+            name=str(name),
+            desc=str(getattr(pg, "group_desc", "") or ""),
+            pg_id=pg_id,
+            ranks=sorted(int(r) for r in world.pg_group_ranks.get(pg, {})),
         )
-    return groups
+        for pg_id, (pg, name) in enumerate(world.pg_names.items())
+    ]
 
 
 # Our abort hooks' ids: any int works, as long as it is ours and stable.
@@ -364,7 +360,10 @@ def _hook_aborts(st: _State) -> None:
 
 def _abort_hook_for(group: str) -> Callable[[], None]:
     def on_abort() -> None:
-        record_event("backend-abort", f"torch is aborting group {group} (timeout or error)")
+        record_event(
+            formats.HookEventKind.BACKEND_ABORT,
+            f"torch is aborting group {group} (timeout or error)",
+        )
         dump_all_to_files()
 
     return on_abort
@@ -398,26 +397,25 @@ def _write_rankinfo(st: _State) -> None:
 
     pid = os.getpid()
     local_rank = os.environ.get(env.LOCAL_RANK)
-    info = {
-        "schema": formats.RANKINFO,
-        "job_id": st.job_id,
-        "rank": dist.get_rank(),
-        "local_rank": int(local_rank) if local_rank and local_rank.isdigit() else -1,
-        "world_size": dist.get_world_size(),
-        "pid": pid,
-        "proc_starttime": hook_protocol.proc_starttime(pid),
-        "host": socket.gethostname(),
-        "backend": str(dist.get_backend()),
-        "torch_version": str(torch.__version__),
-        "socket": st.socket_path,
-        "fr_source": st.fr_source,
-        "started_unix": st.started_unix,
-        "groups": current_groups(),
-        "recorders": [r.to_json() for r in st.recorders],
-        "dump_prefixes": {"watchdog": st.env.watchdog_prefix},
-    }
+    info = formats.RankInfo(
+        job_id=st.job_id,
+        rank=dist.get_rank(),
+        local_rank=int(local_rank) if local_rank and local_rank.isdigit() else -1,
+        world_size=dist.get_world_size(),
+        pid=pid,
+        proc_starttime=hook_protocol.proc_starttime(pid),
+        host=socket.gethostname(),
+        backend=str(dist.get_backend()),
+        torch_version=str(torch.__version__),
+        socket=st.socket_path,
+        fr_source=st.fr_source or "",
+        started_unix=st.started_unix,
+        groups=tuple(current_groups()),
+        recorders=tuple(st.recorders),
+        watchdog_prefix=st.env.watchdog_prefix,
+    )
     path = hook_protocol.rankinfo_path(st.run_dir, pid)
-    formats.atomic_write(path, json.dumps(info, indent=1).encode())
+    formats.atomic_write(path, info.to_bytes())
     st.rankinfo_path = path
     log.debug("hangwatch: wrote %s", path)
 
@@ -513,13 +511,17 @@ def record_exception(exc: BaseException, *, thread: str = "MainThread") -> None:
             rank = int(sys.modules[_C10D].get_rank())
         elif os.environ.get(env.RANK, "").isdigit():
             rank = int(os.environ[env.RANK])
-        kind = "collective-timeout" if _is_collective_timeout(exc) else "uncaught-exception"
+        kind = (
+            formats.HookEventKind.COLLECTIVE_TIMEOUT
+            if _is_collective_timeout(exc)
+            else formats.HookEventKind.UNCAUGHT_EXCEPTION
+        )
         _append_event(st, kind, rank, f"{type(exc).__name__}: {exc}", thread)
     except Exception:
         log.exception("hangwatch: could not record an exception event")
 
 
-def record_event(kind: str, detail: str) -> None:
+def record_event(kind: formats.HookEventKind, detail: str) -> None:
     """Append a HOOK_EVENT line of this kind. Never raises."""
     st = _state
     if st is None or st.owner_pid != os.getpid():
@@ -531,21 +533,18 @@ def record_event(kind: str, detail: str) -> None:
         log.exception("hangwatch: could not record a %s event", kind)
 
 
-def _append_event(st: _State, kind: str, rank: int, detail: str, thread: str) -> None:
-    line = {
-        "schema": formats.HOOK_EVENT,
-        "kind": kind,
-        "rank": rank,
-        "detail": detail[:4000],
-        "thread": thread,
-        "unix": time.time(),
-    }
+def _append_event(
+    st: _State, kind: formats.HookEventKind, rank: int, detail: str, thread: str
+) -> None:
+    line = formats.HookEvent(
+        kind=kind, rank=rank, detail=detail[:4000], thread=thread, unix=time.time()
+    ).to_bytes()
     path = hook_protocol.events_path(st.run_dir, os.getpid())
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # One write() of one line in append mode: readers never see half a line.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.write(fd, line)
     finally:
         os.close(fd)
 

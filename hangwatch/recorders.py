@@ -41,61 +41,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import formats
+from hangwatch.formats import Completion, Recorder, RecorderKind
 
 log = logging.getLogger("hangwatch.hook")
 
-KIND_GENERIC = "generic"  # torch's default instance: gloo
-KIND_NCCL = "nccl-legacy"  # ProcessGroupNCCL's own recorder
-KIND_HOOKED = "hooked"  # FlightRecorderHook, one instance per backend name
+KIND_GENERIC = RecorderKind.GENERIC
+KIND_NCCL = RecorderKind.NCCL
+KIND_HOOKED = RecorderKind.HOOKED
 
-COMPLETION_TRACKED = "tracked"
-COMPLETION_UNKNOWN = "unknown"
+COMPLETION_TRACKED = Completion.TRACKED
+COMPLETION_UNKNOWN = Completion.UNKNOWN
 
 # The generic instance's name as torch's `backend=` argument spells it.
 GENERIC_INSTANCE = formats.GENERIC_INSTANCE
 NCCL_INSTANCE = "nccl"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Recorder:
-    """One recorder instance and how to read it."""
-
-    instance: str
-    kind: str
-    completion: str
-    # Added to pg_status's last_enqueued/last_completed to get collective seqs.
-    status_offset: int = 0
-    # Groups recorded here, in the order this instance numbers them: pg_id == index.
-    groups: tuple[str, ...] = ()
-    # torch's C++ worker-server handler for the full JSON dump (answers without the GIL).
-    json_handler: str = ""
-
-    @property
-    def file_stem(self) -> str:
-        """Bundle file name before the rank: fr_trace_rank_<R> for gloo's, as always."""
-        return formats.fr_file_prefix(self.instance)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "kind": self.kind,
-            "completion": self.completion,
-            "status_offset": self.status_offset,
-            "groups": list(self.groups),
-            "json_handler": self.json_handler,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Recorder:
-        return cls(
-            instance=str(d["instance"]),
-            kind=str(d.get("kind", KIND_GENERIC)),
-            completion=str(d.get("completion", COMPLETION_TRACKED)),
-            status_offset=int(d.get("status_offset", 0)),
-            groups=tuple(str(g) for g in d.get("groups", ())),
-            json_handler=str(d.get("json_handler", "")),
-        )
 
 
 def safe_instance(name: str) -> str:
@@ -140,14 +100,14 @@ def capabilities() -> _Caps:
 
 @dataclass
 class _Acc:
-    kind: str
-    completion: str
+    kind: RecorderKind
+    completion: Completion
     offset: int
     groups: list[str] = field(default_factory=list)
 
 
 # (instance, kind, completion, status offset) per device backend of one group.
-PgInstances = tuple[tuple[str, str, str, int], ...]
+PgInstances = tuple[tuple[str, RecorderKind, Completion, int], ...]
 
 
 def discover(cache: dict[tuple[int, str], PgInstances] | None = None) -> list[Recorder]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from hangwatch.formats import StallKind
 from hangwatch.wire import DEAD_PROCESS_STATES, EXITED_PROCESS_STATES
 
 # One definition for the whole project (hangwatch.wire), under the names used here.
@@ -43,7 +44,7 @@ class GroupStall:
     # "stall": members not entered; "mismatch": members entered different ops
     # at the same seq; "rank-lost": a member's process is dead;
     # "agent-lost": the only missing members are ones nobody can observe.
-    kind: str
+    kind: StallKind
     waiting_ranks: list[int]
     not_entered_ranks: list[int]
     dead_ranks: list[int] = field(default_factory=list)
@@ -89,13 +90,13 @@ def find_group_stall(
         if p.last_completed + 1 == seq and p.last_enqueued >= seq and p.in_flight_op
     }
     if not_entered:
-        kind = "stall"
+        kind = StallKind.STALL
     elif len(ops_at_seq) > 1:
-        kind = "mismatch"
+        kind = StallKind.MISMATCH
     elif dead:
-        kind = "rank-lost"
+        kind = StallKind.RANK_LOST
     elif unobserved:
-        kind = "agent-lost"
+        kind = StallKind.AGENT_LOST
     else:
         return None  # every member is inside: a long but healthy collective
     return GroupStall(

@@ -9,16 +9,15 @@ at any moment.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hangwatch.server.incident_collection import Collection
 
 from hangwatch import formats
+from hangwatch.formats import IncidentDoc, RankMeta
 
-RankMeta = Callable[[str, int], dict[str, object] | None]  # (job, rank) -> what is known
+KnownMeta = Callable[[str, int], RankMeta | None]  # (job, rank) -> what is known
 
 
 def write_incident_json(
@@ -33,32 +32,28 @@ def write_incident_json(
     written when the incident opened (if it could be written then)."""
     bundle.mkdir(parents=True, exist_ok=True)
     path = bundle / formats.INCIDENT_FILE
-    doc: dict[str, Any]
     if reason is None and path.exists():
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = IncidentDoc.from_bytes(path.read_bytes())
     else:
-        doc = {
-            "schema": formats.INCIDENT,
-            "id": inc.incident_id,
-            "job_id": inc.job_id,
-            "reason": reason or "",
-            "created_unix": inc.created,
-            "trigger": inc.trigger_info,
-            "world_size": inc.world_size,
-            "ranks_expected": sorted(inc.expected),
-            # > 0: ranks' FR dumps were collected as tails (hangwatch.frtail).
-            "tail_context": inc.tail_context,
-        }
-    doc["ranks_dumped"] = sorted(dumped if dumped is not None else inc.dumped)
-    doc["ranks_unreachable"] = {
-        str(r): why
-        for r, why in sorted((unreachable if unreachable is not None else inc.unreachable).items())
-    }
-    formats.atomic_write(path, (json.dumps(doc, indent=2) + "\n").encode(), durable=True)
+        doc = IncidentDoc(
+            id=inc.incident_id,
+            job_id=inc.job_id,
+            reason=reason or "",
+            created_unix=inc.created,
+            trigger=inc.trigger_info,
+            world_size=inc.world_size,
+            ranks_expected=tuple(sorted(inc.expected)),
+            tail_context=inc.tail_context,
+        )
+    doc = doc.with_outcome(
+        dumped if dumped is not None else inc.dumped,
+        unreachable if unreachable is not None else inc.unreachable,
+    )
+    formats.atomic_write(path, doc.to_bytes(), durable=True)
 
 
 def write_unreachable_meta(
-    inc: Collection, bundle: Path, unreachable: dict[int, str], rank_meta: RankMeta
+    inc: Collection, bundle: Path, unreachable: dict[int, str], known_meta: KnownMeta
 ) -> None:
     """For ranks nobody dumped, record what registration knew (host, pid,
     group memberships) so the analyzer can still place them in groups."""
@@ -66,24 +61,10 @@ def write_unreachable_meta(
         meta_path = bundle / f"rank_{r}" / formats.META_FILE
         if meta_path.exists():
             continue
-        known = rank_meta(inc.job_id, r)
-        meta: dict[str, Any] = {
-            "schema": formats.RANKMETA,
-            "rank": r,
-            "host": None,
-            "pid": None,
-            "process_state": "unknown",
-            "groups": [],
-        }
-        if known:
-            meta.update(known)
-        meta["reachable"] = False
-        meta["sources"] = {
-            "fr": "none",
-            "stacks": "none",
-            "gpu": "none",
-            "process": "coordinator",
-        }
-        meta["errors"] = {"fr": why, "stacks": why}
+        meta = (known_meta(inc.job_id, r) or RankMeta(rank=r, process_state="unknown")).replace(
+            reachable=False,
+            sources={"fr": "none", "stacks": "none", "gpu": "none", "process": "coordinator"},
+            errors={"fr": why, "stacks": why},
+        )
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        formats.atomic_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode(), durable=True)
+        formats.atomic_write(meta_path, meta.to_bytes(pretty=True), durable=True)

@@ -16,15 +16,15 @@ from hangwatch.server.commands import Command
 from hangwatch.server.store import IncidentRow
 
 from hangwatch import formats
+from hangwatch.formats import MissingReason
 from hangwatch.wire import pb
 
 # Reasons that mean "nobody could look at this rank", as opposed to a rank
 # whose own process refused a dump (frozen, gone): the former are unobserved,
-# not guilty, unless other ranks' FR blames them.
-AGENT_UNREACHABLE: Final = "agent unreachable"
-NO_ANSWER: Final = "no answer before deadline"
-RESTARTED: Final = "coordinator restarted before this rank's dump arrived"
-UNOBSERVED_PREFIXES: Final = (AGENT_UNREACHABLE, NO_ANSWER, RESTARTED)
+# not guilty, unless other ranks' FR blames them (MissingReason.unobserved).
+AGENT_UNREACHABLE: Final = MissingReason.AGENT_UNREACHABLE
+NO_ANSWER: Final = MissingReason.NO_ANSWER
+RESTARTED: Final = MissingReason.RESTARTED
 
 
 def fr_stored(bundle: Path, rank: int) -> bool:
@@ -105,7 +105,7 @@ class Collection:
                 self.unreachable.pop(r, None)
         for f in res.failures:
             if f.rank in self.expected and f.rank not in self.dumped:
-                self.unreachable[f.rank] = f.reason or "dump failed"
+                self.unreachable[f.rank] = f.reason or MissingReason.DUMP_FAILED
         self.answered_agents.add(res.agent_id)
 
     def pending(self) -> set[int]:
@@ -127,7 +127,7 @@ class Collection:
                     if agent_id not in self.answered_agents:
                         self.unreachable[r] = f"{NO_ANSWER} ({dump_deadline:.0f}s)"
                     else:
-                        self.unreachable[r] = "agent reported no result for this rank"
+                        self.unreachable[r] = MissingReason.NO_RESULT
         for r in self.expected - self.dumped - set(self.unreachable):
             self.unreachable[r] = NO_ANSWER
         return set(self.dumped), dict(self.unreachable)

@@ -16,12 +16,13 @@ from pathlib import Path
 from hangwatch.analyzer.report import Finding, Report
 from hangwatch.server.commands import Command
 from hangwatch.server.incident_bundle import write_incident_json, write_unreachable_meta
-from hangwatch.server.incident_collection import UNOBSERVED_PREFIXES, Collection
+from hangwatch.server.incident_collection import Collection
 from hangwatch.server.incident_triggers import fmt_ranks
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
 
+from hangwatch.formats import MissingReason
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server.incidents")
@@ -117,7 +118,8 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
     `agent-unreachable` finding (unless the analyzer already gave one, from the
     bundle's meta.json); those the FR evidence does not blame are called
     unobserved, not guilty."""
-    unobserved = sorted(r for r, why in unreachable.items() if why.startswith(UNOBSERVED_PREFIXES))
+    codes = {r: MissingReason.of(why) for r, why in unreachable.items()}
+    unobserved = sorted(r for r, code in codes.items() if code is not None and code.unobserved)
     if not unobserved:
         return report
     covered = {r for f in report.findings if f.kind == "agent-unreachable" for r in f.ranks}
@@ -136,9 +138,8 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
             )
         )
     innocent = [r for r in unobserved if r not in blamed]
-    why = ", ".join(
-        p for p in UNOBSERVED_PREFIXES if any(unreachable[r].startswith(p) for r in unobserved)
-    )
+    seen = {codes[r] for r in unobserved}
+    why = ", ".join(code for code in MissingReason if code in seen)
     note = f"Ranks {fmt_ranks(unobserved)} were unobserved ({why})"
     if innocent and len(innocent) < len(unobserved):
         note += f"; ranks {fmt_ranks(innocent)} are not blamed"

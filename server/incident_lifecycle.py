@@ -27,10 +27,12 @@ from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import OPEN_STATUSES, IncidentStore
 
+from hangwatch.formats import JobStopped, TriggerKind
+
 log = logging.getLogger("hangwatch.server.incidents")
 
 # Triggers whose incident can clear by itself when progress resumes.
-NOT_RESOLVABLE: Final = frozenset({"crash"})
+NOT_RESOLVABLE: Final = frozenset({TriggerKind.CRASH})
 
 
 @dataclass
@@ -93,7 +95,7 @@ def resolve(w: Watch, *, store: IncidentStore, registry: JobRegistry, metrics: M
     log.warning("incident %s resolved (transient stall): %s", w.incident_id, reason)
 
 
-def end(w: Watch, why: str, *, store: IncidentStore, metrics: Metrics) -> None:
+def end(w: Watch, why: JobStopped, *, store: IncidentStore, metrics: Metrics) -> None:
     row = store.get_incident(w.incident_id)
     if row is None or row.status not in OPEN_STATUSES:
         return

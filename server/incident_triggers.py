@@ -8,7 +8,6 @@ the part of that dedupe that survives a coordinator restart.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -16,6 +15,7 @@ from hangwatch.server.state import JobRegistry, StalledGroup
 from hangwatch.server.store import IncidentStore
 
 from hangwatch import formats
+from hangwatch.formats import IncidentDoc, RankMeta, StallKind, TriggerKind
 from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
@@ -25,10 +25,15 @@ from hangwatch.wire import pb
 # and in flight, no progress for the stall timeout) catches a silent death;
 # a rank whose hook recorded an uncaught exception before it died arrives as
 # EVENT_KIND_RANK_CRASHED and opens a "crash" incident at once (crash_trigger).
-EVENT_TRIGGERS: Final[dict[int, str]] = {
-    pb.EVENT_KIND_WATCHDOG_DUMP: "watchdog",
-    pb.EVENT_KIND_COLLECTIVE_TIMEOUT: "timeout",
-    pb.EVENT_KIND_BACKEND_UNHEALTHY: "backend-unhealthy",
+EVENT_TRIGGERS: Final[dict[int, TriggerKind]] = {
+    pb.EVENT_KIND_WATCHDOG_DUMP: TriggerKind.WATCHDOG,
+    pb.EVENT_KIND_COLLECTIVE_TIMEOUT: TriggerKind.TIMEOUT,
+    pb.EVENT_KIND_BACKEND_UNHEALTHY: TriggerKind.BACKEND_UNHEALTHY,
+}
+# Stall kinds that name their own trigger; the others open a "stall".
+_STALL_TRIGGERS: Final = {
+    StallKind.RANK_LOST: TriggerKind.RANK_LOST,
+    StallKind.AGENT_LOST: TriggerKind.AGENT_LOST,
 }
 # How many of a job's latest stored incidents are read to dedupe a stall
 # seen again after a restart.
@@ -37,7 +42,7 @@ STORED_DEDUPE_LOOKBACK: Final = 20
 
 @dataclass(kw_only=True, frozen=True)
 class Trigger:
-    kind: str  # the store's trigger column: stall, rank-lost, watchdog, ...
+    kind: TriggerKind  # the store's trigger column
     reason: str
     onset: float  # coordinator monotonic: best estimate of when the hang began
     keys: list[tuple[str, int]]  # the (group, seq) pairs this incident covers
@@ -62,12 +67,12 @@ def crash_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger:
     who = f"rank {ev.rank}" if ev.rank >= 0 else "a rank"
     reason = f"{who} crashed ({how}): uncaught exception {exc[:300]}"
     return Trigger(
-        kind="crash",
+        kind=TriggerKind.CRASH,
         reason=reason,
         onset=registry.now() - max(0.0, ev.age_s),
         keys=[key] if key else [],
         info={
-            "kind": "crash",
+            "kind": TriggerKind.CRASH,
             "event": pb.EventKind.Name(ev.kind),
             "rank": ev.rank,
             "how": how,
@@ -111,7 +116,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     # The earliest stalled collective explains the rest (a subgroup hang
     # blocks the default group behind it).
     first = min(fresh, key=lambda s: (-s.stalled_for_s, s.seq, s.group))
-    kind = first.kind if first.kind in ("rank-lost", "agent-lost") else "stall"
+    kind = _STALL_TRIGGERS.get(first.kind, TriggerKind.STALL)
     op = f" ({first.op})" if first.op else ""
     reason = (
         f"group {first.group} stalled at seq {first.seq}{op}: "
@@ -119,7 +124,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     )
     if first.not_entered_ranks:
         reason += f", ranks {fmt_ranks(first.not_entered_ranks)} not entered"
-    if first.kind == "mismatch":
+    if first.kind == StallKind.MISMATCH:
         reason += ", but members entered different ops at that seq"
     if first.dead_ranks:
         reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
@@ -163,10 +168,8 @@ def stored_incident_for(
     for row in store.list_incidents(job_id=job_id, limit=STORED_DEDUPE_LOOKBACK):
         path = store.incident_dir(row.id) / formats.INCIDENT_FILE
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-            stalled = (doc.get("trigger") or {}).get("stalled") or []
-            covered = {(str(x["group"]), int(x["seq"])) for x in stalled}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            covered = IncidentDoc.from_bytes(path.read_bytes()).stalled_keys()
+        except (OSError, formats.FormatError):
             continue
         if covered & wanted and _same_processes(store, registry, job_id, row.id):
             return row.id
@@ -182,11 +185,10 @@ def _same_processes(
     bundle = store.incident_dir(incident_id)
     for meta_path in sorted(bundle.glob(f"rank_*/{formats.META_FILE}"))[:8]:
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            rank, pid = int(meta["rank"]), meta.get("pid")
-        except (OSError, ValueError, TypeError, KeyError):
+            meta = RankMeta.from_bytes(meta_path.read_bytes())
+        except (OSError, formats.FormatError):
             continue
-        live = registry.rank_meta(job_id, rank)
-        if pid is not None and live is not None and live.get("pid") is not None:
-            return bool(live["pid"] == pid)
+        live = registry.rank_meta(job_id, meta.rank)
+        if meta.pid is not None and live is not None and live.pid is not None:
+            return live.pid == meta.pid
     return False

@@ -44,6 +44,8 @@ from hangwatch.server.views import (
     job_snapshot,
 )
 
+from hangwatch import formats
+from hangwatch.formats import JobStopped, MissingReason
 from hangwatch.wire import EXITED_PROCESS_STATES, pb
 
 __all__ = [
@@ -391,21 +393,21 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             return job.last_progress if job is not None and job.last_progress > 0 else None
 
-    def job_stopped(self, job_id: str) -> str | None:
+    def job_stopped(self, job_id: str) -> JobStopped | None:
         """Why the job is over, or None while any of its ranks may still run:
         every rank it registered (at least world_size of them) has exited, or
         every agent of it is lost. The coordinator forgetting the job counts too."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
-                return "the coordinator no longer tracks the job"
+                return JobStopped.FORGOTTEN
             if not job.ranks:
                 return None
             if job.agents and all(a.lost for a in job.agents.values()):
-                return "every agent of the job is gone"
+                return JobStopped.AGENTS_GONE
             enough = len(job.ranks) >= (job.world_size or 0)
             if enough and all(r.process_state in EXITED_PROCESS_STATES for r in job.ranks.values()):
-                return "every rank of the job exited"
+                return JobStopped.RANKS_EXITED
             return None
 
     def set_open_incident(self, job_id: str, incident_id: str | None) -> None:
@@ -456,17 +458,19 @@ class JobRegistry:
             for a in job.agents.values():
                 if a.lost:
                     for r in a.ranks:
-                        unreachable[r] = (
-                            f"agent unreachable: {a.agent_id} silent for {now - a.last_report:.1f}s"
+                        unreachable[r] = MissingReason.AGENT_UNREACHABLE.text(
+                            f"{a.agent_id} silent for {now - a.last_report:.1f}s"
                         )
                 else:
                     agents[a.agent_id] = sorted(a.ranks)
             for r in range(job.world_size or 0):
                 if r not in job.ranks:
-                    unreachable[r] = "agent unreachable: no agent registered this rank"
+                    unreachable[r] = MissingReason.AGENT_UNREACHABLE.text(
+                        "no agent registered this rank"
+                    )
             return agents, unreachable
 
-    def rank_meta(self, job_id: str, rank: int) -> dict[str, object] | None:
+    def rank_meta(self, job_id: str, rank: int) -> formats.RankMeta | None:
         """What registration and the last report say about a rank (for bundles of
         ranks no agent could dump)."""
         now = self._clock()
@@ -475,18 +479,19 @@ class JobRegistry:
             r = job.ranks.get(rank) if job else None
             if job is None or r is None:
                 return None
-            return {
-                "rank": r.rank,
-                "host": r.host,
-                "pid": r.pid,
-                "process_state": r.process_state,
-                "last_report_age_s": None if r.last_report is None else now - r.last_report,
-                "groups": [
-                    {"name": g.name, "desc": g.desc, "pg_id": None, "ranks": list(g.ranks)}
+            return formats.RankMeta(
+                rank=r.rank,
+                host=r.host,
+                pid=r.pid,
+                process_state=r.process_state,
+                last_report_age_s=None if r.last_report is None else now - r.last_report,
+                groups=tuple(
+                    # pg_id None: it is the rank's own local index, which registration lacks.
+                    formats.GroupInfo(name=g.name, desc=g.desc, ranks=list(g.ranks))
                     for name in r.groups
                     if (g := job.groups.get(name)) is not None
-                ],
-            }
+                ),
+            )
 
     # ---- internals ----------------------------------------------------------
 

@@ -27,18 +27,12 @@ from hangwatch.server.action_records import ActionRecord
 
 log = logging.getLogger(__name__)
 
+from hangwatch.formats import TriggerKind
+
 DB_FILE: Final = "hangwatch.db"
 INCIDENTS_DIR: Final = "incidents"
 
-TRIGGERS: Final = (
-    "stall",
-    "watchdog",
-    "timeout",
-    "rank-lost",
-    "agent-lost",
-    "backend-unhealthy",
-    "crash",
-)
+TRIGGERS: Final = tuple(TriggerKind)
 # collecting -> analyzed -> resolved (the stall cleared by itself: a transient
 # stall) or ended (the job stopped with it unresolved); failed: finalizing
 # raised. See docs/operations.md, "Incident states".

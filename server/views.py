@@ -18,6 +18,7 @@ from hangwatch.server.records import (
     sorted_groups,
 )
 
+from hangwatch.formats import StallKind
 from hangwatch.wire import pb
 
 
@@ -65,7 +66,7 @@ class StalledGroup:
     waiting_ranks: list[int]
     not_entered_ranks: list[int]
     stalled_for_s: float
-    kind: str = "stall"  # "stall" | "rank-lost" | "agent-lost"
+    kind: StallKind = StallKind.STALL
     dead_ranks: list[int] = field(default_factory=list)
     unobserved_ranks: list[int] = field(default_factory=list)
     over_timeout: bool = False  # True once stalled_for_s >= the stall timeout

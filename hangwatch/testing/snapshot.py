@@ -11,31 +11,23 @@ Runs inside a training rank; imports torch.
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import pickle
 import re
 import socket
 import sysconfig
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from hangwatch import formats
+from hangwatch.formats import GroupInfo, RankMeta
 from hangwatch.safepickle import safe_loads
 
 SnapshotFormat = Literal["pickle", "json"]
 SnapshotLayout = Literal["bundle", "plain"]
 FORMATS: tuple[SnapshotFormat, ...] = ("pickle", "json")
 LAYOUTS: tuple[SnapshotLayout, ...] = ("bundle", "plain")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupInfo:
-    name: str
-    desc: str
-    ranks: list[int]
 
 
 def _path_roots() -> list[tuple[str, str]]:
@@ -167,25 +159,23 @@ def write_snapshot(
         if portable:
             stacks = _portable_stacks(stacks, roots)
         formats.atomic_write(rank_dir / formats.STACKS_FILE, stacks.encode())
-        meta = {
-            "schema": formats.RANKMETA,
-            "rank": rank,
-            "host": "localhost" if portable else socket.gethostname(),
-            "pid": os.getpid(),
+        meta = RankMeta(
+            rank=rank,
+            host="localhost" if portable else socket.gethostname(),
+            pid=os.getpid(),
             # A rank cannot observe its own scheduler state while it runs this.
-            "process_state": "unknown",
-            "reachable": True,
-            "groups": [
-                {"name": g.name, "desc": g.desc, "pg_id": pg_ids.get(g.name), "ranks": g.ranks}
+            process_state="unknown",
+            reachable=True,
+            groups=tuple(
+                GroupInfo(name=g.name, desc=g.desc, pg_id=pg_ids.get(g.name), ranks=g.ranks)
                 for g in groups
                 if rank in g.ranks
-            ],
-            "recorders": [r.to_json() for r in recs],
-            "sources": {"fr": "thread", "stacks": "thread", "gpu": "none", "process": "none"},
-            "gpu": {"available": False, "reason": "CPU-only test job"},
-            "errors": {},
-        }
-        formats.atomic_write(rank_dir / formats.META_FILE, json.dumps(meta, indent=1).encode())
+            ),
+            recorders=tuple(recs),
+            sources={"fr": "thread", "stacks": "thread", "gpu": "none", "process": "none"},
+            gpu={"available": False, "reason": "CPU-only test job"},
+        )
+        formats.atomic_write(rank_dir / formats.META_FILE, meta.to_bytes(pretty=True))
     # The generic instance's file last: its presence means the rank's snapshot is complete.
     fr_path = rank_dir / f"{formats.FR_FILE_PREFIX}{rank}"
     for rec, data in sorted(dumps, key=lambda d: d[0].file_stem == formats.FR_FILE_PREFIX):

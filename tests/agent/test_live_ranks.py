@@ -23,6 +23,7 @@ from hangwatch.analyzer.parse import parse_dump_bytes
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import Config
+from hangwatch.formats import RankInfo, RankMeta
 from hangwatch.safepickle import safe_loads
 from hangwatch.wire import pb
 from tests.agent.live_ranks import PYSPY, Job, socket_of
@@ -34,7 +35,9 @@ def _trackers(job: Job) -> dict[int, RankTracker]:
     out = {}
     for rank, info in job.rankinfo().items():
         path = str(job.run_dir / "hook" / f"{info['pid']}.json")
-        out[rank] = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=0.0)
+        out[rank] = RankTracker(
+            info=RankInfo.from_json(info), rankinfo_path=path, rankinfo_mtime=0.0
+        )
     return out
 
 
@@ -151,6 +154,9 @@ def test_collect_bundle_with_a_frozen_rank(hang_job: Job, tmp_path: Path) -> Non
     assert b1.failure == "process stopped (SIGSTOP?)"
     meta1 = json.loads((Path(b1.directory) / "meta.json").read_text())
     assert meta1["schema"] == formats.RANKMETA and meta1["process_state"] == "stopped"
+    # What a real agent wrote reads back through the format's one reader.
+    typed = RankMeta.from_json(meta1)
+    assert typed.reachable is False and typed.groups == trackers[1].info.groups
     assert meta1["sources"]["fr"] == "none" and not meta1["reachable"]
     # py-spy reads a stopped process without its help (with --nonblocking).
     assert meta1["sources"]["stacks"] == "py-spy", meta1["errors"]

@@ -24,6 +24,7 @@ from hangwatch.analyzer import analyze_path
 from helpers import skip_unless_backend
 
 from hangwatch import env, formats, hook, hook_protocol
+from hangwatch.formats import RankInfo
 from hangwatch.testing.scenarios import get_scenario
 from tests.agent.live_ranks import Job, socket_of, start_job
 
@@ -115,7 +116,7 @@ def _trackers(job: Job) -> dict[int, RankTracker]:
     out = {}
     for rank, info in job.rankinfo().items():
         path = hook_protocol.rankinfo_path(str(job.run_dir), info["pid"])
-        out[rank] = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=0)
+        out[rank] = RankTracker(info=RankInfo.from_json(info), rankinfo_path=path, rankinfo_mtime=0)
     return out
 
 

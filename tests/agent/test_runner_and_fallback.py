@@ -13,6 +13,7 @@ from hangwatch.agent import endpoint
 from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events
 
 from hangwatch import formats, hook_protocol
+from hangwatch.formats import RankInfo
 from hangwatch.wire import pb
 from tests.agent.live_ranks import socket_of, start_job
 
@@ -70,6 +71,9 @@ def test_run_attaches_without_script_edit_and_exits_cleanly(tmp_path: Path) -> N
     assert [r["instance"] for r in infos[0]["recorders"]] == ["gloo"]
     assert infos[0]["groups"] == [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0]}]
     assert not Path(infos[0]["socket"]).exists()  # removed at exit
+    # What a real rank's hook wrote reads back through the format's one reader.
+    typed = RankInfo.from_json(infos[0])
+    assert typed.watchdog_prefix == str(tmp_path / "elsewhere_") and typed.pid > 0
 
 
 @pytest.mark.timeout(90)
@@ -92,7 +96,7 @@ def test_thread_endpoint_and_collective_timeout_event(tmp_path: Path) -> None:
         with pytest.raises(endpoint.EndpointError, match="404"):
             endpoint.call(sock, "no_such_handler", timeout=2)
 
-        t = RankTracker(info=info0, rankinfo_path="", rankinfo_mtime=0.0)
+        t = RankTracker(info=RankInfo.from_json(info0), rankinfo_path="", rankinfo_mtime=0.0)
         assert job.procs[0].wait(30) != 0, job.output()  # the timeout killed it
         events = read_hook_events(t, str(job.run_dir))
         assert [(k, r) for k, r, _ in events] == [(pb.EVENT_KIND_COLLECTIVE_TIMEOUT, 0)], (

@@ -250,8 +250,8 @@ def test_bundle_meta_and_stacks(tmp_path: Path) -> None:
     loaded = load_dumps(tmp_path)
     assert loaded.ranks_loaded == [0]
     assert set(loaded.rank_meta) == {0, 1}
-    assert "train.py:12" in loaded.rank_meta[0]["stacks"]
-    assert loaded.incident is not None and loaded.incident["id"] == "i1"
+    assert "train.py:12" in (loaded.rank_meta[0].stacks or "")
+    assert loaded.incident is not None and loaded.incident.id == "i1"
     assert loaded.groups["0"].membership_source == "bundle"
 
 

@@ -8,7 +8,6 @@ ranks behind a real agent are exercised by the end-to-end tests elsewhere.
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
 import queue
 import threading
@@ -289,27 +288,18 @@ def gloo_dump(*, rank: int, last_enqueued: int, last_completed: int, group: str 
 
 
 def rank_meta(rank: int, world_size: int) -> bytes:
-    return json.dumps(
-        {
-            "schema": formats.RANKMETA,
-            "rank": rank,
-            "host": "host",
-            "pid": 10_000 + rank,
-            "process_state": "running",
-            "reachable": True,
-            "groups": [
-                {"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": list(range(world_size))}
-            ],
-            "sources": {
-                "fr": "worker-server",
-                "stacks": "none",
-                "gpu": "none",
-                "process": "procfs",
-            },
-            "gpu": {"available": False, "reason": "no GPU"},
-            "errors": {},
-        }
-    ).encode()
+    return formats.RankMeta(
+        rank=rank,
+        host="host",
+        pid=10_000 + rank,
+        process_state="running",
+        reachable=True,
+        groups=(
+            formats.GroupInfo(name="0", desc="default_pg", pg_id=0, ranks=list(range(world_size))),
+        ),
+        sources={"fr": "worker-server", "stacks": "none", "gpu": "none", "process": "procfs"},
+        gpu={"available": False, "reason": "no GPU"},
+    ).to_bytes()
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:

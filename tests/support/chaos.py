@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch import env
+from hangwatch.formats import ServerInfo
 from hangwatch.testing.ports import free_port
-
-SERVER_INFO_FILE = "server.json"
 
 
 class FaultUnavailable(RuntimeError):
@@ -146,7 +145,6 @@ class CoordinatorProc:
         if self.alive():
             raise ChaosError("coordinator already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        info_path = self.data_dir / SERVER_INFO_FILE
         environ = _clean_env({env.HANGWATCH_TOKEN: self.token} if self.token else None)
         with open(self.log_path, "ab") as log:
             log.write(f"--- start #{self.starts + 1} at {time.time():.3f}\n".encode())
@@ -163,11 +161,10 @@ class CoordinatorProc:
                     f"coordinator exited with {self.proc.returncode}:\n{_tail(self.log_path)}"
                 )
             # server.json survives a SIGKILL: only the one naming this pid counts.
-            with contextlib.suppress(OSError, ValueError):
-                info = json.loads(info_path.read_text())
-                if info.get("pid") == self.proc.pid:
-                    self.http = str(info["http"])
-                    return time.monotonic()
+            info = ServerInfo.read(self.data_dir)
+            if info is not None and info.pid == self.proc.pid:
+                self.http = info.http
+                return time.monotonic()
             time.sleep(0.02)
         _kill(self.proc)
         raise ChaosError(

@@ -3,7 +3,6 @@ its CPU and memory from /proc."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from hangwatch.formats import ServerInfo
 from tests.support.simagents.fleet import FleetError
 
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
@@ -79,22 +79,20 @@ class CoordinatorProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.info = self._wait_info(start_timeout)
-        self.pid = int(self.info["pid"])
-        self.grpc: str = self.info["grpc"]
-        self.http: str = self.info["http"]
+        self.pid = self.info.pid
+        self.grpc: str = self.info.grpc
+        self.http: str = self.info.http
 
-    def _wait_info(self, timeout: float) -> dict[str, Any]:
-        path = self.data_dir / "server.json"
+    def _wait_info(self, timeout: float) -> ServerInfo:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise FleetError(
                     f"coordinator exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
                 )
-            if path.exists():
-                with contextlib.suppress(json.JSONDecodeError):
-                    info: dict[str, Any] = json.loads(path.read_text())
-                    return info
+            info = ServerInfo.read(self.data_dir)
+            if info is not None:
+                return info
             time.sleep(0.05)
         self.proc.kill()
         self.proc.wait(10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -78,34 +77,25 @@ class FleetState:
         """meta.json as the real agent writes it (compact, every group's members)."""
         topo = self.topo
         node = rank // RANKS_PER_AGENT
-        meta = {
-            "schema": formats.RANKMETA,
-            "rank": rank,
-            "host": f"sim-host-{node:05d}",
-            "pid": 10_000 + rank,
-            "process_state": "running",
-            "reachable": True,
-            "groups": [
-                {
-                    "name": topo.group_name(k, rank),
-                    "desc": DESC[k],
-                    "pg_id": PG_ID[k],
-                    "ranks": formats.compact_ranks(topo.group_members(k, rank)),
-                }
+        return formats.RankMeta(
+            rank=rank,
+            host=f"sim-host-{node:05d}",
+            pid=10_000 + rank,
+            process_state="running",
+            reachable=True,
+            groups=tuple(
+                formats.GroupInfo(
+                    name=topo.group_name(k, rank),
+                    desc=DESC[k],
+                    pg_id=PG_ID[k],
+                    ranks=topo.group_members(k, rank),
+                )
                 for k in KINDS
-            ],
-            "sources": {
-                "fr": "worker-server",
-                "stacks": "py-spy",
-                "gpu": "none",
-                "process": "procfs",
-            },
-            "gpu": {"available": False, "reason": "simulated agent"},
-            "errors": {},
-        }
-        if stacks is not None:
-            meta["stacks"] = stacks
-        return json.dumps(meta, separators=(",", ":")).encode()
+            ),
+            sources={"fr": "worker-server", "stacks": "py-spy", "gpu": "none", "process": "procfs"},
+            gpu={"available": False, "reason": "simulated agent"},
+            stacks=stacks,
+        ).to_bytes()
 
     def meta_with_digest(self, rank: int) -> tuple[bytes, str]:
         got = self._metas.pop(rank, None)

@@ -1,24 +1,27 @@
-"""File formats that cross a process boundary without gRPC. Each has a schema tag.
+"""Names and paths of the files that cross a process boundary, and how they are written.
 
 Run directory (node-local, shared by the hook in each rank and the agent):
-    <run_dir>/hook/<pid>.json          RANKINFO: written by the hook, rewritten
+    <run_dir>/hook/<pid>.json          RankInfo: written by the hook, rewritten
                                        atomically whenever a group is created
-    <run_dir>/hook/<pid>.events.jsonl  HOOK_EVENT lines (collective timeouts)
+    <run_dir>/hook/<pid>.events.jsonl  HookEvent lines (collective timeouts, ...)
     <run_dir>/hook/<pid>.sock          torch C++ worker server (Unix socket)
     <run_dir>/fr/<prefix><rank>        torch's own dump-on-timeout files
     <run_dir>/bundles/<incident>/...   the agent's local copy of each bundle
 
 Incident bundle (the agent's local copy and the coordinator's copy alike):
-    <bundle>/incident.json             INCIDENT
+    <bundle>/incident.json             IncidentDoc (the coordinator writes it)
     <bundle>/rank_<R>/fr_trace_rank_<R>  FR dump bytes exactly as torch produced
                                        them (pickle or JSON; readers sniff)
     <bundle>/rank_<R>/fr_tail_rank_<R>   the same dump cut to its tail (hangwatch.frtail):
                                        what a large incident collects first;
                                        the full file follows on demand
-    <bundle>/rank_<R>/meta.json        RANKMETA
+    <bundle>/rank_<R>/meta.json        RankMeta
     <bundle>/rank_<R>/stacks.txt       Python stacks, all threads (when taken; a
                                        tails-first upload carries them inside
                                        meta.json instead)
+
+Coordinator data directory:
+    <data_dir>/server.json             ServerInfo: where it listens
 
 The analyzer's loader reads a bundle through the same door as a plain dump
 directory: FR files are found by their trailing rank number and each
@@ -28,86 +31,9 @@ directory: FR files are found by their trailing rank number and each
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
-
-RANKINFO = "hangwatch.rankinfo/1"
-# {"schema", "job_id", "rank", "local_rank", "world_size", "pid", "host",
-#  "backend", "torch_version", "socket": path|None,
-#  "fr_source": "worker-server"|"thread", "started_unix": float,
-#  "groups": [{"name", "desc", "pg_id", "ranks": [...]}]}
-
-# What the hook's status handler answers: one status-only dump per recorder
-# instance (hangwatch.recorders).
-FRSTATUS = "hangwatch.frstatus/1"
-# {"schema", "recorders": [{"instance", "dump": <torch's status-only JSON dump,
-#   with "pg_status": {pg_id: {...}}>} | {"instance", "error"}]}
-
-HOOK_EVENT = "hangwatch.hookevent/1"
-# {"schema", "kind": "collective-timeout"|..., "rank", "detail", "unix": float}
-
-SERVER_INFO = "hangwatch.serverinfo/1"
-
-INCIDENT = "hangwatch.incident/1"
-# {"schema", "id", "job_id", "reason", "created_unix", "trigger": {...},
-#  "ranks_expected": [...], "tail_context": int, "ranks_dumped": [...],
-#  "ranks_unreachable": {"<rank>": "<reason>"}}
-
-RANKMETA = "hangwatch.rankmeta/1"
-# {"schema", "rank", "host", "pid", "process_state", "reachable": bool,
-#  "groups": [{"name", "desc", "pg_id", "ranks"}],
-#      "ranks": a list of global ranks, or for a big evenly strided group
-#      {"start", "stop", "step"} as in range() (see compact_ranks)
-#  "sources": {"fr": "worker-server"|"thread"|"watchdog-file"|"none",
-#              "stacks": "worker-server"|"py-spy"|"none",
-#              "gpu": "nvml"|"none", "process": "procfs"},
-#  "gpu": {...} | {"available": false, "reason": "..."},
-#  "stacks": "..." (only in a tails-first incident, instead of stacks.txt),
-#  "errors": {"fr": "...", "stacks": "..."}}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerInfo:
-    """<data_dir>/server.json: where a running coordinator listens (SERVER_INFO)."""
-
-    grpc: str  # HOST:PORT
-    http: str  # http://HOST:PORT
-    pid: int
-    started_unix: float
-
-    FILE: ClassVar[str] = "server.json"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SERVER_INFO, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: Any) -> ServerInfo:
-        if not isinstance(d, dict) or d.get("schema") != SERVER_INFO:
-            raise ValueError(f"not a {SERVER_INFO} document")
-        return cls(
-            grpc=str(d["grpc"]),
-            http=str(d["http"]),
-            pid=int(d["pid"]),
-            started_unix=float(d["started_unix"]),
-        )
-
-    def write(self, data_dir: str | os.PathLike[str]) -> None:
-        atomic_write(
-            os.path.join(data_dir, self.FILE), json.dumps(self.to_json(), indent=2).encode()
-        )
-
-    @classmethod
-    def read(cls, data_dir: str | os.PathLike[str]) -> ServerInfo | None:
-        """The file's contents; None while it is absent or half-written."""
-        try:
-            with open(os.path.join(data_dir, cls.FILE), encoding="utf-8") as f:
-                return cls.from_json(json.load(f))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, durable: bool = False) -> None:
@@ -181,6 +107,7 @@ def tail_name_for(fr_name: str) -> str:
 META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
 INCIDENT_FILE = "incident.json"
+SERVER_FILE = "server.json"
 
 
 # Above this many members a strided group's member list is written as a
@@ -201,16 +128,22 @@ def compact_ranks(ranks: list[int]) -> list[int] | dict[str, int]:
     return {"start": ranks[0], "stop": ranks[0] + n * step, "step": step}
 
 
+def rank_range(value: object) -> range | None:
+    """The {"start", "stop", "step"} form of a member list as a range; None
+    when it is not that form or is out of bounds (a memory bomb, not a job)."""
+    if not isinstance(value, dict):
+        return None
+    start, stop, step = value.get("start"), value.get("stop"), value.get("step")
+    if not (type(start) is int and type(stop) is int and type(step) is int):
+        return None
+    if step <= 0 or start < 0 or stop < start or (stop - start) // step > MAX_RANKS:
+        return None
+    return range(start, stop, step)
+
+
 def expand_ranks(value: object) -> list[int] | None:
     """A meta.json "ranks" value as a list; None when it is neither form."""
     if isinstance(value, list):
         return [x for x in value if isinstance(x, int) and not isinstance(x, bool)]
-    if isinstance(value, dict):
-        start, stop, step = value.get("start"), value.get("stop"), value.get("step")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, stop, step)):
-            return None
-        assert isinstance(start, int) and isinstance(stop, int) and isinstance(step, int)
-        if step <= 0 or start < 0 or stop < start or (stop - start) // step > MAX_RANKS:
-            return None
-        return list(range(start, stop, step))
-    return None
+    r = rank_range(value)
+    return None if r is None else list(r)
