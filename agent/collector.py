@@ -1,7 +1,7 @@
 """Collect one rank's incident bundle: FR dump, Python stacks, GPU state, process state.
 
 Each source has a timeout and a fallback, and every step records where its
-data came from (RANKMETA `sources`) or why it is missing (`errors`):
+data came from (RankMeta `sources`) or why it is missing (`errors`):
 - FR: the hook's pickle handler (torch's own pickle, with call-site frames),
   else torch's C++ `fr_trace_json` (answers even while the GIL is held), else
   torch's dump-on-timeout file from `<run_dir>/fr/`.

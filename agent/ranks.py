@@ -24,6 +24,7 @@ from hangwatch.agent.procstate import process_state
 
 from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo
+from hangwatch.formats.checks import read_file
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, Recorder
 from hangwatch.wire import pb
 
@@ -473,7 +474,7 @@ def _shift(value: int, offset: int) -> int:
 
 
 def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]:
-    """New lines of the rank's HOOK_EVENT file, as (kind, rank, detail) events to report."""
+    """New lines of the rank's events file (HookEvent), as (kind, rank, detail) to report."""
     path = hook_protocol.events_path(run_dir, t.pid)
     try:
         with open(path, "rb") as f:
@@ -519,8 +520,7 @@ def scan_rankinfo(run_dir: str) -> dict[int, tuple[RankInfo, str, float]]:
     for path in glob.glob(os.path.join(hook_protocol.hook_dir(run_dir), "*.json")):
         try:
             mtime = os.stat(path).st_mtime
-            with open(path, "rb") as f:
-                info = RankInfo.from_bytes(f.read(formats.MAX_RANKINFO_BYTES + 1))
+            info = RankInfo.from_json(read_file(path, formats.RANKINFO, formats.MAX_RANKINFO_BYTES))
         except (OSError, formats.FormatError) as e:
             log.debug("skipping %s: %s", path, e)
             continue

@@ -10,7 +10,7 @@ script) does five things, none of them on the collective path:
    after any FR dump call, it is ignored). So attach must run before the
    process group exists; `hangwatch run` guarantees that.
 2. Wraps the group-creation functions so that after every new group it
-   rewrites `<run_dir>/hook/<pid>.json` (RANKINFO) with each group's name,
+   rewrites `<run_dir>/hook/<pid>.json` (formats.RankInfo) with each group's name,
    desc, pg_id and global ranks, and every flight-recorder instance the
    groups write to (`hangwatch.recorders`: gloo's, legacy NCCL's, one per
    hook-recorded backend on 2.15), with the groups each instance numbers.
@@ -501,7 +501,7 @@ def _is_collective_timeout(exc: BaseException) -> bool:
 
 
 def record_exception(exc: BaseException, *, thread: str = "MainThread") -> None:
-    """Append a HOOK_EVENT line for an uncaught exception. Never raises."""
+    """Append a HookEvent line for an uncaught exception. Never raises."""
     st = _state
     if st is None or st.owner_pid != os.getpid():
         return
@@ -522,7 +522,7 @@ def record_exception(exc: BaseException, *, thread: str = "MainThread") -> None:
 
 
 def record_event(kind: formats.HookEventKind, detail: str) -> None:
-    """Append a HOOK_EVENT line of this kind. Never raises."""
+    """Append a HookEvent line of this kind. Never raises."""
     st = _state
     if st is None or st.owner_pid != os.getpid():
         return

@@ -504,7 +504,7 @@ class _NotFound(Exception):
 def _refusal(e: Exception) -> tuple[grpc.StatusCode, str]:
     """The status an upload refused for `e` is answered with."""
     if isinstance(e, UploadError):
-        return grpc.StatusCode[e.code], str(e)
+        return e.code, str(e)
     if isinstance(e, _NotFound):
         return grpc.StatusCode.NOT_FOUND, str(e)
     return grpc.StatusCode.INVALID_ARGUMENT, str(e)

@@ -25,7 +25,7 @@ from typing import Any, Final
 from hangwatch.server.incident_triggers import fmt_ranks
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import OPEN_STATUSES, IncidentStore
+from hangwatch.server.store import OPEN_STATUSES, IncidentStatus, IncidentStore
 
 from hangwatch.formats import JobStopped, TriggerKind
 
@@ -44,7 +44,7 @@ class Watch:
     onset: float  # coordinator monotonic: the stall's best-estimated start
     late_hint: list[int] = field(default_factory=list)  # trigger's not-entered ranks
     resumed_at: float | None = None  # coordinator monotonic: progress seen after opening
-    outcome: str = ""  # "" while collecting; then "analyzed" or "failed"
+    outcome: IncidentStatus | None = None  # None while collecting; then analyzed or failed
 
 
 def late_hint(info: dict[str, Any]) -> list[int]:
@@ -58,12 +58,12 @@ def late_hint(info: dict[str, Any]) -> list[int]:
 
 def step(w: Watch, *, registry: JobRegistry, store: IncidentStore, metrics: Metrics) -> bool:
     """One tick's look at one incident; True when it is done with (closed or failed)."""
-    if w.outcome == "failed":
+    if w.outcome == IncidentStatus.FAILED:
         return True
     resolvable = w.resumed_at is None and w.trigger not in NOT_RESOLVABLE
     if resolvable and registry.progressed_since(w.job_id, w.opened):
         w.resumed_at = registry.last_progress(w.job_id) or registry.now()
-    if w.outcome != "analyzed":
+    if w.outcome != IncidentStatus.ANALYZED:
         return False  # still collecting: the verdict is stored first
     if w.resumed_at is not None:
         resolve(w, store=store, registry=registry, metrics=metrics)
@@ -90,7 +90,8 @@ def resolve(w: Watch, *, store: IncidentStore, registry: JobRegistry, metrics: M
         w.incident_id, stall_s=stall_s, late_ranks=late, reason=reason, closed_at=closed_at
     )
     metrics.inc(
-        "hangwatch_incident_transitions_total", labels={"state": "resolved", "trigger": w.trigger}
+        "hangwatch_incident_transitions_total",
+        labels={"state": IncidentStatus.RESOLVED, "trigger": w.trigger},
     )
     log.warning("incident %s resolved (transient stall): %s", w.incident_id, reason)
 
@@ -101,7 +102,8 @@ def end(w: Watch, why: JobStopped, *, store: IncidentStore, metrics: Metrics) ->
         return
     store.end_incident(w.incident_id, reason=f"the job stopped: {why}")
     metrics.inc(
-        "hangwatch_incident_transitions_total", labels={"state": "ended", "trigger": w.trigger}
+        "hangwatch_incident_transitions_total",
+        labels={"state": IncidentStatus.ENDED, "trigger": w.trigger},
     )
     log.warning("incident %s ended unresolved: %s", w.incident_id, why)
 

@@ -55,7 +55,7 @@ from hangwatch.server.incident_triggers import (
 )
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry, StalledGroup
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.store import IncidentStatus, IncidentStore
 
 from hangwatch import formats
 from hangwatch.wire import pb
@@ -364,7 +364,9 @@ class IncidentManager:
                 self._collecting.pop(inc.incident_id, None)
                 w = self._watch.get(inc.incident_id)
                 if w is not None:
-                    w.outcome = "analyzed" if report is not None else "failed"
+                    w.outcome = (
+                        IncidentStatus.ANALYZED if report is not None else IncidentStatus.FAILED
+                    )
                     opened = w.opened
                 self._idle.notify_all()
             for agent_id in inc.asked:
@@ -426,7 +428,7 @@ class IncidentManager:
 
     def _recover(self) -> None:
         """Incidents left collecting by a previous run: analyse what arrived."""
-        for row in self.store.list_incidents(status="collecting", limit=10_000):
+        for row in self.store.list_incidents(status=IncidentStatus.COLLECTING, limit=10_000):
             inc = Collection.recovered(row, self.store.incident_dir(row.id), self.registry.now())
             with self._lock:
                 self._collecting[row.id] = inc

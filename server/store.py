@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,12 +34,26 @@ DB_FILE: Final = "hangwatch.db"
 INCIDENTS_DIR: Final = "incidents"
 
 TRIGGERS: Final = tuple(TriggerKind)
-# collecting -> analyzed -> resolved (the stall cleared by itself: a transient
-# stall) or ended (the job stopped with it unresolved); failed: finalizing
-# raised. See docs/operations.md, "Incident states".
-STATUSES: Final = ("collecting", "analyzed", "resolved", "ended", "failed")
+
+
+class IncidentStatus(StrEnum):
+    """The store's status column, as the API and the dashboard spell it.
+
+    collecting -> analyzed -> resolved (the stall cleared by itself: a
+    transient stall) or ended (the job stopped with it unresolved); failed:
+    finalizing raised. See docs/operations.md, "Incident states".
+    """
+
+    COLLECTING = "collecting"
+    ANALYZED = "analyzed"
+    RESOLVED = "resolved"
+    ENDED = "ended"
+    FAILED = "failed"
+
+
+STATUSES: Final = tuple(IncidentStatus)
 # Statuses of incidents that still need someone: not resolved, ended or failed.
-OPEN_STATUSES: Final = ("collecting", "analyzed")
+OPEN_STATUSES: Final = (IncidentStatus.COLLECTING, IncidentStatus.ANALYZED)
 
 # Incident ids name directories, so they are restricted to a safe alphabet.
 INCIDENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -123,7 +138,7 @@ class IncidentRow:
     @property
     def transient(self) -> bool:
         """A stall that cleared by itself."""
-        return self.status == "resolved"
+        return self.status == IncidentStatus.RESOLVED
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -281,7 +296,7 @@ class IncidentStore:
         """Store the analyzer's verdict; the incident becomes `analyzed`."""
         return self._update(
             incident_id,
-            status="analyzed",
+            status=IncidentStatus.ANALYZED,
             verdict=report.verdict,
             summary=report.summary,
             lagging_ranks=_ranks(report.lagging_ranks),
@@ -295,7 +310,7 @@ class IncidentStore:
         return self._update(incident_id, actions=json.dumps([a.to_dict() for a in actions]))
 
     def fail_incident(self, incident_id: str, *, error: str) -> IncidentRow:
-        return self._update(incident_id, status="failed", error=error)
+        return self._update(incident_id, status=IncidentStatus.FAILED, error=error)
 
     def resolve_incident(
         self,
@@ -309,7 +324,7 @@ class IncidentStore:
         """The stall cleared by itself: the incident becomes `resolved`."""
         return self._close(
             incident_id,
-            "resolved",
+            IncidentStatus.RESOLVED,
             reason,
             closed_at,
             stall_s=stall_s,
@@ -320,10 +335,15 @@ class IncidentStore:
         self, incident_id: str, *, reason: str, closed_at: float | None = None
     ) -> IncidentRow:
         """The job stopped with the incident unresolved: it becomes `ended`."""
-        return self._close(incident_id, "ended", reason, closed_at)
+        return self._close(incident_id, IncidentStatus.ENDED, reason, closed_at)
 
     def _close(
-        self, incident_id: str, status: str, reason: str, closed_at: float | None, **cols: Any
+        self,
+        incident_id: str,
+        status: IncidentStatus,
+        reason: str,
+        closed_at: float | None,
+        **cols: Any,
     ) -> IncidentRow:
         when = time.time() if closed_at is None else closed_at
         return self._update(incident_id, status=status, closed_at=when, close_reason=reason, **cols)
@@ -423,7 +443,7 @@ class IncidentStore:
             rows = self._db.execute(
                 "SELECT status, COUNT(*) AS n FROM incidents GROUP BY status"
             ).fetchall()
-        out = dict.fromkeys(STATUSES, 0)
+        out: dict[str, int] = dict.fromkeys(STATUSES, 0)
         out.update({r["status"]: r["n"] for r in rows})
         return out
 

@@ -15,8 +15,9 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, ClassVar, Final
 
+import grpc
 from hangwatch.server import validate
 from hangwatch.server.validate import Invalid
 
@@ -27,21 +28,21 @@ MAX_FILES_PER_RANK: Final = 64
 
 
 class UploadError(Exception):
-    """Base of upload failures; `code` names the gRPC status to answer with."""
+    """Base of upload failures; `code` is the gRPC status to answer with."""
 
-    code = "INVALID_ARGUMENT"
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class IntegrityError(UploadError):
-    code = "DATA_LOSS"
+    code = grpc.StatusCode.DATA_LOSS
 
 
 class Busy(UploadError):
-    code = "ABORTED"
+    code = grpc.StatusCode.ABORTED
 
 
 class TooLarge(UploadError):
-    code = "RESOURCE_EXHAUSTED"
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 @dataclass(frozen=True, kw_only=True)
