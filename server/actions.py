@@ -37,7 +37,7 @@ from hangwatch.server.action_records import ABORT, EXCLUDE, ActionRecord, RankOu
 from hangwatch.server.commands import Command
 from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentRow, IncidentStore
+from hangwatch.server.store import IncidentRow, IncidentStatus, IncidentStore
 
 from hangwatch import config, env
 from hangwatch.wire import pb
@@ -189,7 +189,7 @@ class ActionRunner:
         if report.verdict not in ACT_VERDICTS:
             return f"verdict is {report.verdict}: only {' and '.join(ACT_VERDICTS)} are acted on"
         row = self.store.get_incident(incident_id)
-        if row is not None and row.status != "analyzed":
+        if row is not None and row.status != IncidentStatus.ANALYZED:
             return f"the incident is {row.status}"
         if self.registry.progressed_since(job_id, opened):
             return "the job made progress after the incident opened: the stall cleared"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.store import IncidentStatus, IncidentStore
 from hangwatch.server.stragglers import StragglerMonitor
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -141,7 +141,7 @@ class LiveGauges(Collector):
         oldest_created: float | None = None
         for job, verdict, state, n, created in self.store.open_by_job():
             open_.add_metric([job, verdict, state], n)
-            if state == "collecting":
+            if state == IncidentStatus.COLLECTING:
                 oldest_created = created if oldest_created is None else min(oldest_created, created)
         oldest.add_metric([], 0.0 if oldest_created is None else max(0.0, now - oldest_created))
         stored = GaugeMetricFamily(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from hangwatch.server.metrics import Metrics
-from hangwatch.server.store import IncidentRow
+from hangwatch.server.store import IncidentRow, IncidentStatus
 from hangwatch.server.web.api import incident_summary
 
 from hangwatch import __version__
@@ -48,11 +48,11 @@ log = logging.getLogger(__name__)
 SCHEMA: Final = "hangwatch.notification/1"
 # Incident status -> the event its change publishes.
 EVENTS: Final = {
-    "collecting": "incident.opened",
-    "analyzed": "incident.analyzed",
-    "resolved": "incident.resolved",
-    "ended": "incident.ended",
-    "failed": "incident.failed",
+    IncidentStatus.COLLECTING: "incident.opened",
+    IncidentStatus.ANALYZED: "incident.analyzed",
+    IncidentStatus.RESOLVED: "incident.resolved",
+    IncidentStatus.ENDED: "incident.ended",
+    IncidentStatus.FAILED: "incident.failed",
 }
 MAX_TEXT: Final = 1000  # characters: chat webhooks truncate or refuse longer lines
 RETRY_STATUSES: Final = frozenset({408, 429})

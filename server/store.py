@@ -26,9 +26,9 @@ from typing import Any, Final
 from hangwatch.analyzer.report import Report
 from hangwatch.server.action_records import ActionRecord
 
-log = logging.getLogger(__name__)
-
 from hangwatch.formats import TriggerKind
+
+log = logging.getLogger(__name__)
 
 DB_FILE: Final = "hangwatch.db"
 INCIDENTS_DIR: Final = "incidents"
