@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch.agent import endpoint
+from hangwatch.agent.numbering import Numbering, raw_key
 from hangwatch.agent.procstate import process_state
 
 from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo
 from hangwatch.formats.checks import read_file
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, Recorder
-from hangwatch.wire import pb
+from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
 
 log = logging.getLogger("hangwatch.agent")
 
@@ -42,6 +43,13 @@ ENTRIES_REFRESH_S = 10.0
 HEALTH_POLL_S = 5.0
 # Bound on the (group, seq) -> op name cache per rank.
 MAX_OPS = 8192
+# Groups whose pg_status also counts p2p (agent/numbering.py) get their
+# collective numbering from FR entries: read once a rank has started, again
+# this often while it moves (a full dump costs the rank 30-50 ms of CPU at
+# 2,000 entries, docs/ARCHITECTURE.md), and once whenever such a group goes
+# quiet for QUIET_S, which makes its counts exact for as long as it stays so.
+CALIBRATE_S = 30.0
+QUIET_S = 1.0
 
 
 @dataclass
@@ -59,6 +67,14 @@ class GroupState:
     enqueued_changed_at: float = field(default_factory=time.monotonic)
     inflight_seq: int | None = None
     inflight_since: float = 0.0
+    # Collective counts where pg_status also counts p2p (agent/numbering.py).
+    numbering: Numbering = field(default_factory=Numbering)
+
+    def changed_at(self) -> float:
+        return max(self.completed_changed_at, self.enqueued_changed_at)
+
+    def collectives(self) -> tuple[int, int] | None:
+        return self.numbering.collectives(self.last_enqueued, self.last_completed)
 
 
 @dataclass
@@ -88,7 +104,8 @@ class RankTracker:
     health_supported: bool | None = None
     health_checked_at: float = 0.0
     unhealthy: tuple[str, ...] = ()
-    # Highest collective seq per group whose entry says retired (gloo's completion signal).
+    # Per group, the pg_status value (numbering.raw_key) of the newest entry that
+    # says retired (gloo's completion signal).
     retired_seq: dict[str, int] = field(default_factory=dict)
     # Wall clock (ns) of the last status read: the instant the straggler signal compares.
     status_wall_ns: int = 0
@@ -219,6 +236,7 @@ class RankTracker:
             if enq != g.last_enqueued:
                 g.enqueued_changed_at = now
             g.last_enqueued, g.last_completed, g.last_started = enq, comp, started
+            g.numbering.apply(enq, comp)
             if not g.completion_known:
                 # Nothing says whether the newest collective finished: it is the
                 # one this rank would be waiting in, since it last entered one.
@@ -253,6 +271,21 @@ class RankTracker:
         known = any(g.completion_known for g in self.groups.values() if g.inflight_seq is not None)
         return known and now - last >= ENTRIES_REFRESH_S
 
+    def needs_calibration(self, now: float) -> bool:
+        """Time to read FR entries for the collective numbering (CALIBRATE_S)."""
+        last = self.last_entries_fetch
+        if last is None:
+            # The first look, once the rank has done something: which groups count p2p.
+            return any(g.last_enqueued >= 0 for g in self.groups.values())
+        if last >= max((g.changed_at() for g in self.groups.values()), default=0.0):
+            return False  # nothing moved since the last read
+        if now - last >= CALIBRATE_S:
+            return True
+        return any(
+            g.collectives() is None and now - g.changed_at() >= QUIET_S
+            for g in self.groups.values()
+        )
+
     def progress_pb(self, now: float) -> pb.RankProgress:
         groups = []
         for g in self.groups.values():
@@ -264,11 +297,21 @@ class RankTracker:
                 completed_unchanged_s=max(0.0, now - g.completed_changed_at),
                 completion_unknown=not g.completion_known,
             )
-            if g.inflight_seq is not None:
-                op = self.ops.get((g.name, g.inflight_seq), "")
+            seq, op = g.inflight_seq, ""
+            coll = g.collectives()
+            if g.numbering.counts_p2p:
+                enq, comp = g.numbering.enqueued, g.numbering.completed
+                gp.collectives_enqueued = COLLECTIVES_UNKNOWN if enq is None else enq
+                gp.collectives_completed = COLLECTIVES_UNKNOWN if comp is None else comp
+                if coll is not None and seq is not None:
+                    # In flight is tracked (and aged) by pg_status value; reported as a collective.
+                    seq = coll[1] + 1 if coll[0] > coll[1] else None
+            if seq is not None:
+                if coll is not None:
+                    op = self.ops.get((g.name, seq), "")
                 gp.oldest_in_flight.CopyFrom(
                     pb.InFlight(
-                        seq=g.inflight_seq,
+                        seq=seq,
                         op=op.split(":", 1)[-1],
                         age_s=max(0.0, now - g.inflight_since),
                     )
@@ -292,6 +335,7 @@ class RankTracker:
         new: list[pb.FrEntry] = []
         rec = self.recorders.get(instance)
         retired_is_done = rec is None or rec.completion == COMPLETION_TRACKED
+        kind = rec.kind if rec else KIND_GENERIC
         last_rid = self.last_record_id.get(instance, -1)
         now_ns = time.time_ns()  # same host as the rank: its clock, not another host's
         for e in doc.get("entries") or []:
@@ -315,10 +359,16 @@ class RankTracker:
                 self.groups.setdefault(name, GroupState(name=name, instance=instance))
             seq = int(e.get("collective_seq_id", 0) or 0)
             profiling = str(e.get("profiling_name", ""))
+            raw = raw_key(kind, e, seq)
+            g = self.groups.get(name)
+            if g is not None and g.instance == instance and raw is not None:
+                # A p2p entry carries the count of collectives before it (0: none).
+                g.numbering.learn(raw, seq if seq > 0 else -1, bool(e.get("is_p2p")))
             if not e.get("is_p2p"):
                 self.ops[(name, seq)] = profiling
-                if retired_is_done and e.get("retired") and seq > self.retired_seq.get(name, -1):
-                    self.retired_seq[name] = seq
+                key = seq if raw is None else raw
+                if retired_is_done and e.get("retired") and key > self.retired_seq.get(name, -1):
+                    self.retired_seq[name] = key
             rid = int(e.get("record_id", -1))
             if rid <= last_rid:
                 continue
@@ -389,7 +439,7 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             t.python_ok = False
             t.python_retry_at = now + PYTHON_RETRY_S
             log.debug("rank %d: status handler failed (%s); using the full dump", t.rank, e)
-    if doc is None or t.needs_entries(now, entries_after_s):
+    if doc is None or t.needs_entries(now, entries_after_s) or t.needs_calibration(now):
         # torch's C++ handlers, one per recorder instance: they answer while the GIL is held.
         wall_ns = time.time_ns()
         fulls = _fetch_full_dumps(t)

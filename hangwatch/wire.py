@@ -6,7 +6,14 @@ from typing import Final
 from hangwatch._proto.hangwatch.v1 import hangwatch_pb2 as pb
 from hangwatch._proto.hangwatch.v1 import hangwatch_pb2_grpc as rpc
 
-__all__ = ["DEAD_PROCESS_STATES", "EXITED_PROCESS_STATES", "pb", "process_state_name", "rpc"]
+__all__ = [
+    "COLLECTIVES_UNKNOWN",
+    "DEAD_PROCESS_STATES",
+    "EXITED_PROCESS_STATES",
+    "pb",
+    "process_state_name",
+    "rpc",
+]
 
 _PROCESS_STATE_NAMES: Final[dict[int, str]] = {
     pb.PROCESS_STATE_UNSPECIFIED: "unknown",
@@ -20,6 +27,9 @@ _PROCESS_STATE_NAMES: Final[dict[int, str]] = {
 DEAD_PROCESS_STATES: Final = frozenset({"stopped", "zombie", "gone"})
 # ... and in which it has left the job for good.
 EXITED_PROCESS_STATES: Final = frozenset({"zombie", "gone"})
+# GroupProgress.collectives_enqueued/_completed: the group does p2p and the
+# rank moved on since its FR entries were read, so its collective count is not known.
+COLLECTIVES_UNKNOWN: Final = -2
 
 
 def process_state_name(value: int) -> str:

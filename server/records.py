@@ -30,6 +30,17 @@ class RankGroupRecord:
     in_flight_op: str = ""
     in_flight_age_s: float | None = None
     reported_at: float = 0.0
+    # The two counts in collective numbering (GroupProgress.collectives_*):
+    # the same unless the group's pg_status also counts p2p ops, None there
+    # while the agent cannot tell. Lag and stalls compare these across ranks.
+    coll_enqueued: int | None = -1
+    coll_completed: int | None = -1
+    counts_p2p: bool = False
+
+    def collectives(self) -> tuple[int, int] | None:
+        if self.coll_enqueued is None or self.coll_completed is None:
+            return None
+        return self.coll_enqueued, self.coll_completed
 
 
 @dataclass

@@ -26,10 +26,15 @@ def scan_stalls(
         if over_timeout_only and now - g.last_progress < stall_timeout:
             continue
         members = job.members(g)
+        if any(rg.collectives() is None for r, rg in members if job.observed(r)):
+            # A member's pg_status counts p2p and its collective count is not
+            # known yet: its agent reads FR entries as soon as it goes quiet.
+            continue
         assumed = assumed_completed(members, job.observed)
         progress: dict[int, MemberProgress] = {}
         for r, rg in members:
-            comp, op = rg.last_completed, rg.in_flight_op
+            enq, comp = rg.collectives() or (rg.last_enqueued, rg.last_completed)
+            op = rg.in_flight_op
             if rg.completion_unknown and assumed is not None:
                 comp = assumed
                 # The op the agent named is for the newest collective entered;
@@ -37,7 +42,7 @@ def scan_stalls(
                 op = op if rg.in_flight_seq == assumed + 1 else ""
             progress[r.rank] = MemberProgress(
                 rank=r.rank,
-                last_enqueued=rg.last_enqueued,
+                last_enqueued=enq,
                 last_completed=comp,
                 in_flight_op=op,
                 observed=job.observed(r),

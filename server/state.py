@@ -42,11 +42,12 @@ from hangwatch.server.views import (
     RankLive,
     StalledGroup,
     job_snapshot,
+    stopped_reason,
 )
 
 from hangwatch import formats
 from hangwatch.formats import JobStopped, MissingReason
-from hangwatch.wire import EXITED_PROCESS_STATES, pb
+from hangwatch.wire import COLLECTIVES_UNKNOWN, EXITED_PROCESS_STATES, pb
 
 __all__ = [
     "EVENT_RING",
@@ -117,7 +118,8 @@ class JobRegistry:
             )
 
     def oldest_in_flight_age(self, job_id: str) -> float | None:
-        """Largest in-flight age over the job's observed ranks, seconds."""
+        """Largest in-flight age over the job's observed ranks still running,
+        seconds: an exited rank's last report is not a collective in flight."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
@@ -126,7 +128,7 @@ class JobRegistry:
             ages = [
                 a
                 for r in job.ranks.values()
-                if job.observed(r)
+                if job.observed(r) and r.process_state not in EXITED_PROCESS_STATES
                 for rg in r.groups.values()
                 if (a := in_flight_age(rg, now)) is not None
             ]
@@ -373,11 +375,11 @@ class JobRegistry:
             if job is None:
                 return None
             keys = [
-                (g, rg.last_completed + 1)
+                (g, c[1] + 1)
                 for r in job.ranks.values()
                 if job.observed(r)
                 for g, rg in r.groups.items()
-                if rg.last_enqueued > rg.last_completed
+                if (c := rg.collectives()) is not None and c[0] > c[1]
             ]
             return min(keys, key=lambda k: (k[1], k[0])) if keys else None
 
@@ -394,21 +396,13 @@ class JobRegistry:
             return job.last_progress if job is not None and job.last_progress > 0 else None
 
     def job_stopped(self, job_id: str) -> JobStopped | None:
-        """Why the job is over, or None while any of its ranks may still run:
-        every rank it registered (at least world_size of them) has exited, or
-        every agent of it is lost. The coordinator forgetting the job counts too."""
+        """Why the job is over (views.stopped_reason), or None while any of its
+        ranks may still run. The coordinator forgetting the job counts too."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
                 return JobStopped.FORGOTTEN
-            if not job.ranks:
-                return None
-            if job.agents and all(a.lost for a in job.agents.values()):
-                return JobStopped.AGENTS_GONE
-            enough = len(job.ranks) >= (job.world_size or 0)
-            if enough and all(r.process_state in EXITED_PROCESS_STATES for r in job.ranks.values()):
-                return JobStopped.RANKS_EXITED
-            return None
+            return stopped_reason(job)
 
     def set_open_incident(self, job_id: str, incident_id: str | None) -> None:
         with self._lock:
@@ -516,6 +510,14 @@ class JobRegistry:
         del self._jobs[victim.job_id]
 
 
+def _collectives(gp: pb.GroupProgress) -> tuple[int | None, int | None]:
+    if not gp.HasField("collectives_enqueued"):
+        return gp.last_enqueued, gp.last_completed  # no p2p in the group
+    known = gp.collectives_enqueued != COLLECTIVES_UNKNOWN
+    known &= gp.collectives_completed != COLLECTIVES_UNKNOWN
+    return (gp.collectives_enqueued, gp.collectives_completed) if known else (None, None)
+
+
 def _apply_group_progress(rg: RankGroupRecord, gp: pb.GroupProgress, now: float) -> bool:
     """Store one group's reported numbers; True when they show progress."""
     # Where completion is not recorded, entering collectives is the only
@@ -527,19 +529,24 @@ def _apply_group_progress(rg: RankGroupRecord, gp: pb.GroupProgress, now: float)
     )
     rg.last_enqueued = gp.last_enqueued
     rg.last_completed = gp.last_completed
+    rg.coll_enqueued, rg.coll_completed = _collectives(gp)
+    rg.counts_p2p = gp.HasField("collectives_enqueued")
     rg.completion_unknown = gp.completion_unknown
     rg.reported_at = now
+    # A p2p op in flight is not a collective in flight; where the numbering
+    # is unknown, the agent's in-flight seq is in pg_status's, like these.
+    enq, comp = rg.collectives() or (gp.last_enqueued, gp.last_completed)
     if gp.completion_unknown and gp.HasField("oldest_in_flight"):
         # The agent names the op of the newest collective entered.
         rg.in_flight_seq = gp.oldest_in_flight.seq
         rg.in_flight_op = gp.oldest_in_flight.op
         rg.in_flight_age_s = gp.oldest_in_flight.age_s
-    elif gp.HasField("oldest_in_flight") and gp.last_enqueued > gp.last_completed:
+    elif gp.HasField("oldest_in_flight") and enq > comp:
         rg.in_flight_seq = gp.oldest_in_flight.seq
         rg.in_flight_op = gp.oldest_in_flight.op
         rg.in_flight_age_s = gp.oldest_in_flight.age_s
-    elif gp.last_enqueued > gp.last_completed:
-        rg.in_flight_seq = gp.last_completed + 1
+    elif enq > comp:
+        rg.in_flight_seq = comp + 1
         rg.in_flight_op = ""
         rg.in_flight_age_s = None
     else:

@@ -18,8 +18,8 @@ from hangwatch.server.records import (
     sorted_groups,
 )
 
-from hangwatch.formats import StallKind
-from hangwatch.wire import pb
+from hangwatch.formats import JobStopped, StallKind
+from hangwatch.wire import EXITED_PROCESS_STATES, pb
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -30,6 +30,11 @@ class RankGroupLive:
     in_flight_seq: int | None
     in_flight_op: str
     in_flight_age_s: float | None  # agent-measured age plus time since the report
+    # In collective numbering: the two counts above unless the group's
+    # pg_status also counts p2p ops (then None while the agent cannot tell).
+    collectives_enqueued: int | None = None
+    collectives_completed: int | None = None
+    counts_p2p: bool = False  # its pg_status counts p2p ops too (a pipeline's groups)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -42,7 +47,7 @@ class RankLive:
     observed: bool  # False when its agent is lost: "unobserved", not guilty
     process_state: str  # running, stopped, zombie, gone, unresponsive, unknown
     groups: list[RankGroupLive]
-    lag: int  # collectives behind the furthest member of any of its groups (see rank_views)
+    lag: int  # collectives (never p2p) behind the furthest member of any of its groups (rank_views)
     backend: str = ""
     last_report_age_s: float | None = None
 
@@ -112,6 +117,21 @@ class JobSnapshot:
     agents: list[AgentLive]
     open_incident: str | None
     events: list[JobEvent] = field(default_factory=list)
+    ended: JobStopped | None = None  # why the job is over (stopped_reason), None while it may run
+
+
+def stopped_reason(job: JobRecord) -> JobStopped | None:
+    """Why the job is over, or None while any of its ranks may still run:
+    every rank it registered (at least world_size of them) has exited, or
+    every agent of it is lost."""
+    if not job.ranks:
+        return None
+    if job.agents and all(a.lost for a in job.agents.values()):
+        return JobStopped.AGENTS_GONE
+    enough = len(job.ranks) >= (job.world_size or 0)
+    if enough and all(r.process_state in EXITED_PROCESS_STATES for r in job.ranks.values()):
+        return JobStopped.RANKS_EXITED
+    return None
 
 
 def job_snapshot(job: JobRecord, now: float, stalled: list[StalledGroup]) -> JobSnapshot:
@@ -133,18 +153,23 @@ def job_snapshot(job: JobRecord, now: float, stalled: list[StalledGroup]) -> Job
             )
             for at, ev in job.events
         ],
+        ended=stopped_reason(job),
     )
 
 
 def rank_views(job: JobRecord, now: float) -> list[RankLive]:
-    def furthest(name: str, field: str) -> int:
+    def furthest(name: str, i: int) -> int:
         return max(
-            (getattr(r.groups[name], field) for r in job.ranks.values() if name in r.groups),
+            (
+                c[i]
+                for r in job.ranks.values()
+                if name in r.groups and (c := r.groups[name].collectives()) is not None
+            ),
             default=-1,
         )
 
-    max_completed = {name: furthest(name, "last_completed") for name in job.groups}
-    max_enqueued = {name: furthest(name, "last_enqueued") for name in job.groups}
+    max_enqueued = {name: furthest(name, 0) for name in job.groups}
+    max_completed = {name: furthest(name, 1) for name in job.groups}
     views = []
     for r in sorted(job.ranks.values(), key=lambda r: r.rank):
         agent = job.agents.get(r.agent_id)
@@ -156,20 +181,27 @@ def rank_views(job: JobRecord, now: float) -> list[RankLive]:
                 in_flight_seq=rg.in_flight_seq,
                 in_flight_op=rg.in_flight_op,
                 in_flight_age_s=in_flight_age(rg, now),
+                collectives_enqueued=rg.coll_enqueued,
+                collectives_completed=rg.coll_completed,
+                counts_p2p=rg.counts_p2p,
             )
             for name, rg in sorted(r.groups.items(), key=lambda kv: group_sort_key(kv[0]))
         ]
         # The one definition of lag: collectives behind the furthest member,
         # over completed AND enqueued counts. Completed counts alone miss the
         # classic hang: the culprit never enqueues #N, so nobody completes it.
+        # Collectives only: a pipeline's middle stage does twice the p2p of
+        # its ends, and that puts nobody behind. A count not known now (p2p
+        # since the agent last read FR entries) puts nobody behind either.
         lag = max(
             (
                 max(
                     0,
-                    max_completed.get(name, -1) - rg.last_completed,
-                    max_enqueued.get(name, -1) - rg.last_enqueued,
+                    max_completed.get(name, -1) - c[1],
+                    max_enqueued.get(name, -1) - c[0],
                 )
                 for name, rg in r.groups.items()
+                if (c := rg.collectives()) is not None
             ),
             default=0,
         )
@@ -192,15 +224,15 @@ def rank_views(job: JobRecord, now: float) -> list[RankLive]:
 
 
 def group_view(job: JobRecord, g: GroupRecord, now: float) -> GroupLive:
-    rgs = [rg for _, rg in job.members(g)]
-    completed = [rg.last_completed for rg in rgs]
+    counts = [c for _, rg in job.members(g) if (c := rg.collectives()) is not None]
+    completed = [c[1] for c in counts]
     return GroupLive(
         name=g.name,
         desc=g.desc,
         ranks=list(g.ranks),
         max_completed=max(completed, default=-1),
         min_completed=min(completed, default=-1),
-        max_enqueued=max((rg.last_enqueued for rg in rgs), default=-1),
+        max_enqueued=max((c[0] for c in counts), default=-1),
         no_progress_for_s=now - g.last_progress,
     )
 

@@ -60,8 +60,9 @@ def rank_state(r: RankLive, suspects: set[int], groups: dict[str, GroupLive]) ->
         observed=r.observed,
         process_state=r.process_state,
         lag=lag,
+        p2p=any(g.counts_p2p for g in r.groups),
         lag_bucket=lag_bucket(r, lag),
-        last_completed=r.groups[0].last_completed if r.groups else None,
+        last_completed=r.groups[0].collectives_completed if r.groups else None,
         in_flight_op=op,
         in_flight_seq=seq,
         in_flight_age_s=in_age,
@@ -75,6 +76,9 @@ def rank_state(r: RankLive, suspects: set[int], groups: dict[str, GroupLive]) ->
                 in_flight_seq=g.in_flight_seq,
                 in_flight_op=g.in_flight_op,
                 in_flight_age_s=g.in_flight_age_s,
+                counts_p2p=g.counts_p2p,
+                collectives_enqueued=g.collectives_enqueued,
+                collectives_completed=g.collectives_completed,
             )
             for g in r.groups
         ],
@@ -86,7 +90,7 @@ def tooltip(r: schemas.RankState) -> str:
     parts = [f"rank {r.rank}", r.host, r.process_state]
     if not r.observed:
         parts.append("unobserved (agent lost)")
-    parts.append(f"lag {r.lag}")
+    parts.append(f"lag {r.lag}" + (" (collectives; its p2p ops are not counted)" if r.p2p else ""))
     if r.last_completed is not None:
         parts.append(f"last completed #{r.last_completed}")
     if r.in_flight_op:
@@ -104,7 +108,9 @@ def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
     missing = [r for r in range(snap.world_size or 0) if r not in registered]
     return schemas.JobRanks(
         job=snap.job_id,
-        live=True,
+        live=snap.ended is None,
+        state="live" if snap.ended is None else "ended",
+        ended_reason=snap.ended,
         world_size=snap.world_size,
         ranks=[rank_state(r, suspects, by_name) for r in snap.ranks],
         missing_ranks=missing,
@@ -148,7 +154,7 @@ def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
             for a in sorted(snap.agents, key=lambda a: (a.connected, _natural(a.agent_id)))
         ],
         open_incident=snap.open_incident,
-        oldest_inflight_age_s=oldest,
+        oldest_inflight_age_s=None if snap.ended else oldest,
     )
 
 
@@ -164,14 +170,16 @@ def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.J
         out.append(
             schemas.JobSummary(
                 job=job_id,
-                live=True,
+                live=snap.ended is None,
+                state="live" if snap.ended is None else "ended",
+                ended_reason=snap.ended,
                 world_size=snap.world_size,
                 ranks_registered=len(snap.ranks),
                 ranks_observed=sum(1 for r in snap.ranks if r.observed),
                 agents_connected=sum(1 for a in snap.agents if a.connected),
                 agents_total=len(snap.agents),
                 stalled_groups=len(snap.stalled),
-                oldest_inflight_age_s=registry.oldest_in_flight_age(job_id),
+                oldest_inflight_age_s=None if snap.ended else registry.oldest_in_flight_age(job_id),
                 open_incident=snap.open_incident,
                 incidents=row.incidents if row else 0,
                 first_seen=row.first_seen if row else None,

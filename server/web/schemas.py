@@ -11,10 +11,18 @@ from hangwatch.analyzer.report import Report
 from hangwatch.server.action_records import ActionRecord
 from pydantic import BaseModel, Field
 
+JOB_STATE = (
+    "live: its agents report and its ranks may run; ended: the coordinator still holds its"
+    " state but every agent is gone or every rank exited (ended_reason says which);"
+    " history: known only from stored incidents"
+)
+
 
 class JobSummary(BaseModel):
     job: str
-    live: bool = Field(description="The coordinator holds live state for it (agents registered).")
+    live: bool = Field(description="state is live: the job is running as far as anyone knows.")
+    state: str = Field("history", description=JOB_STATE)
+    ended_reason: str | None = Field(None, description="Ended: why the job is over.")
     world_size: int | None = None
     ranks_registered: int = 0
     ranks_observed: int = Field(0, description="Ranks whose agent is connected.")
@@ -37,6 +45,15 @@ class RankGroupState(BaseModel):
     in_flight_seq: int | None = None
     in_flight_op: str = ""
     in_flight_age_s: float | None = None
+    counts_p2p: bool = Field(
+        False, description="The group's FR counters also count this rank's p2p ops."
+    )
+    collectives_enqueued: int | None = Field(
+        None, description="last_enqueued in collective numbering; null: not known now."
+    )
+    collectives_completed: int | None = Field(
+        None, description="last_completed in collective numbering; null: not known now."
+    )
 
 
 class RankState(BaseModel):
@@ -49,11 +66,15 @@ class RankState(BaseModel):
     process_state: str
     lag: int = Field(
         description="Collectives behind the furthest member of any of its groups, counting "
-        "both completed and enqueued collectives."
+        "both completed and enqueued collectives; p2p ops never count, and a group whose "
+        "collective count is not known now (p2p since its FR entries were read) is left out."
     )
+    p2p: bool = Field(False, description="Some group's FR counters also count its p2p ops.")
     lag_bucket: str = Field(description="Heat-map colour class: lag0..lag4, dead or unobserved.")
     last_completed: int | None = Field(
-        None, description="Last completed seq in the rank's first (default) group."
+        None,
+        description="Last completed collective in the rank's first (default) group; "
+        "null when not known now.",
     )
     in_flight_op: str = ""
     in_flight_seq: int | None = None
@@ -99,6 +120,8 @@ class AgentState(BaseModel):
 class JobRanks(BaseModel):
     job: str
     live: bool
+    state: str = Field("history", description=JOB_STATE)
+    ended_reason: str | None = None
     world_size: int | None = None
     ranks: list[RankState]
     missing_ranks: list[int] = Field(

@@ -15,6 +15,7 @@ import pytest
 from hangwatch.analyzer.report import Report
 from hangwatch.server.web.app import create_app
 
+from hangwatch.wire import pb
 from tests.web import harness
 from tests.web.conftest import JOB, STUCK, WORLD, Served
 
@@ -354,3 +355,28 @@ def test_incident_page_says_which_ranks_were_seen_through_tails(served: Served) 
     assert "From FR tails only" in page
     api = served.client.get(f"/api/incidents/{iid}").json()
     assert api["report"]["tail_ranks"] == report.tail_ranks
+
+
+def test_a_job_whose_ranks_are_gone_is_ended_not_live(served: Served) -> None:
+    for r in range(WORLD):
+        harness.report_rank(
+            served.ctx.registry,
+            job=JOB,
+            sessions=served.sessions,
+            rank=r,
+            last_enqueued=42 if r != STUCK else 41,
+            last_completed=41,
+            report_seq=2 + r,
+            state=pb.PROCESS_STATE_GONE,
+        )
+    (j,) = served.client.get("/api/jobs").json()
+    assert (j["state"], j["live"]) == ("ended", False)
+    assert j["ended_reason"] == "every rank of the job exited"
+    # A dead job has nothing in flight, however old its last reports are.
+    assert j["oldest_inflight_age_s"] is None
+    body = served.client.get(f"/api/jobs/{JOB}/ranks").json()
+    assert (body["state"], body["live"], body["oldest_inflight_age_s"]) == ("ended", False, None)
+    for path in ("/", f"/jobs/{JOB}"):
+        page = served.client.get(path).text
+        assert 'class="badge badge-ended job-state"' in page, path
+        assert "badge badge-healthy job-state" not in page, path

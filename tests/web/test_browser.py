@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hangwatch.server.web.app import create_app
 
+from hangwatch.wire import pb
 from tests.web import harness
 from tests.web.browser import open_browser, screenshot
 
@@ -70,6 +71,27 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
                 f'#heatmap .cell.lag0[data-rank="{STUCK}"]:not(.stalled)', timeout=6000
             )
             assert page.evaluate("window.__sameDocument === true")  # type: ignore[attr-defined]
+
+            # Every rank exits: the open page says ended, and so does the jobs list.
+            for r in range(WORLD):
+                harness.report_rank(
+                    ctx.registry,
+                    job=JOB,
+                    sessions=sessions,
+                    rank=r,
+                    last_enqueued=42,
+                    last_completed=41,
+                    report_seq=3 + r,
+                    state=pb.PROCESS_STATE_GONE,
+                )
+            page.wait_for_selector("h1 .job-state.badge-ended", timeout=6000)  # type: ignore[attr-defined]
+            page.wait_for_selector("#live-status:has-text('ended · updated')", timeout=6000)  # type: ignore[attr-defined]
+            page.wait_for_selector('#oldest-inflight:text-is("-")', timeout=6000)  # type: ignore[attr-defined]
+            page.goto(f"{base}/")  # type: ignore[attr-defined]
+            page.wait_for_selector("#live-status:has-text('updated')", timeout=6000)  # type: ignore[attr-defined]
+            row = page.locator(f'#jobs-table tr:has(a:text-is("{JOB}")) .job-state')  # type: ignore[attr-defined]
+            assert row.inner_text() == "ended"
+            assert row.get_attribute("title") == "every rank of the job exited"
 
             # The incident page.
             page.goto(f"{base}/incidents/{incident_id}")  # type: ignore[attr-defined]

@@ -51,10 +51,23 @@
     return new Date(unix * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
   }
 
+  // A job's state badge, as templates/job_state.html draws it.
+  function jobStateBadge(j) {
+    if (j.state === "live") return el("span", "live", "badge badge-healthy job-state");
+    if (j.state === "ended") {
+      const b = el("span", "ended", "badge badge-ended job-state");
+      b.title = j.ended_reason || "";
+      return b;
+    }
+    return el("span", "history", "badge job-state");
+  }
+
   function setLive(ok) {
     const s = document.getElementById("live-status");
     if (!s) return;
-    s.textContent = ok ? "live · updated " + new Date().toLocaleTimeString() : "live · connection lost, retrying";
+    // The job page's status names the job's state (live, ended), the jobs page's the page's.
+    const what = { ended: "ended", history: "no live state: history only" }[s.dataset.state] || "live";
+    s.textContent = ok ? what + " · updated " + new Date().toLocaleTimeString() : what + " · connection lost, retrying";
     s.classList.toggle("stale", !ok);
   }
 
@@ -104,7 +117,7 @@
   function tooltip(r) {
     const parts = ["rank " + r.rank, r.host, r.process_state];
     if (!r.observed) parts.push("unobserved (agent lost)");
-    parts.push("lag " + r.lag);
+    parts.push("lag " + r.lag + (r.p2p ? " (collectives; its p2p ops are not counted)" : ""));
     if (r.last_completed !== null && r.last_completed !== undefined) parts.push("last completed #" + r.last_completed);
     if (r.in_flight_op) parts.push("in flight " + r.in_flight_op + " #" + r.in_flight_seq + " for " + age(r.in_flight_age_s));
     if (r.suspect) parts.push("has not entered a stalled collective");
@@ -147,6 +160,10 @@
       const j = await getJSON(url);
       updateHeatmap(j);
       const set = (id, v) => { const e = document.getElementById(id); if (e) e.textContent = v; };
+      const ls = document.getElementById("live-status");
+      if (ls) ls.dataset.state = j.state;
+      const badge = document.querySelector("h1 .job-state");
+      if (badge) badge.replaceWith(jobStateBadge(j));
       set("world-size", j.world_size === null ? "unknown" : j.world_size);
       set("ranks-registered", j.ranks.length);
       set("oldest-inflight", age(j.oldest_inflight_age_s));
@@ -264,7 +281,7 @@
       ]);
       fillBody(document.getElementById("jobs-table"), jobs.map((j) => [
         td(link("/jobs/" + encodeURIComponent(j.job), j.job)),
-        td(el("span", j.live ? "live" : "history", j.live ? "badge badge-healthy" : "badge")),
+        td(jobStateBadge(j)),
         td(j.world_size === null ? "-" : j.world_size, "num"),
         td(j.agents_connected + "/" + j.agents_total, "num"),
         td(j.ranks_observed + "/" + j.ranks_registered, "num"),

@@ -117,7 +117,7 @@ class InFlight(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., op: _Optional[str] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class GroupProgress(_message.Message):
-    __slots__ = ("group", "last_enqueued", "last_completed", "last_started", "oldest_in_flight", "completed_unchanged_s", "completion_unknown")
+    __slots__ = ("group", "last_enqueued", "last_completed", "last_started", "oldest_in_flight", "completed_unchanged_s", "completion_unknown", "collectives_enqueued", "collectives_completed")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     LAST_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
     LAST_COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,8 @@ class GroupProgress(_message.Message):
     OLDEST_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_UNCHANGED_S_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_ENQUEUED_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     group: str
     last_enqueued: int
     last_completed: int
@@ -132,7 +134,9 @@ class GroupProgress(_message.Message):
     oldest_in_flight: InFlight
     completed_unchanged_s: float
     completion_unknown: bool
-    def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ...) -> None: ...
+    collectives_enqueued: int
+    collectives_completed: int
+    def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ..., collectives_enqueued: _Optional[int] = ..., collectives_completed: _Optional[int] = ...) -> None: ...
 
 class RankProgress(_message.Message):
     __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns")
