@@ -311,6 +311,7 @@ def collect_rank(
         sources=sources,
         gpu=gpu,
         errors=errors,
+        exceptions=tuple(t.exceptions),  # the report's evidence and a thread-exception finding
         # A tails-first incident uploads meta.json and not stacks.txt: one
         # file fewer per rank is 4,096 fewer creates at the coordinator.
         stacks=stacks if tail_context > 0 and stacks else None,

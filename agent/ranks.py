@@ -43,6 +43,7 @@ ENTRIES_REFRESH_S = 10.0
 HEALTH_POLL_S = 5.0
 # Bound on the (group, seq) -> op name cache per rank.
 MAX_OPS = 8192
+MAX_EXCEPTIONS = 8  # thread exceptions kept per rank for its bundle
 # Groups whose pg_status also counts p2p (agent/numbering.py) get their
 # collective numbering from FR entries: read once a rank has started, again
 # this often while it moves (a full dump costs the rank 30-50 ms of CPU at
@@ -99,6 +100,8 @@ class RankTracker:
     exited_reported: bool = False
     events_offset: int = 0
     last_exception: str = ""
+    # Uncaught exceptions of its threads, newest last (bounded): the bundle's evidence.
+    exceptions: list[str] = field(default_factory=list)
     mapping_warned: set[tuple[str, int]] = field(default_factory=set)
     # None: not asked yet; False: this torch has no c10d_health_check.
     health_supported: bool | None = None
@@ -551,6 +554,8 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
         else:
             first = not t.last_exception
             t.last_exception = detail
+            raised = f"thread {ev.thread or '?'}: {detail}"
+            t.exceptions = [*t.exceptions, raised][-MAX_EXCEPTIONS:]
             if first and t.exited_reported:
                 # The exit was seen before this line was read (both in one
                 # poll): the exit went up as RANK_EXITED; now say it crashed.

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 from hangwatch.agent import collector, terminate, uploader
+from hangwatch.agent.causes import causes_first
 from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
 from hangwatch.agent.delta import DeltaReporter
 from hangwatch.agent.lateness import ClockSync, next_tick_delay
@@ -148,9 +149,8 @@ class Agent:
             trackers = list(self.trackers.values())
         entries_after = max(2.0 * self.poll_interval, 1.0)
         results = list(self._pool.map(lambda t: self._poll_one(t, now, entries_after), trackers))
-        for res in results:
-            for kind, rank, detail in res.events:
-                self._event(kind, rank, detail, now)
+        for kind, rank, detail in causes_first([ev for res in results for ev in res.events]):
+            self._event(kind, rank, detail, now)
         self._scan_watchdog(now)
         with self._lock:
             self._progress = [t.progress_pb(now) for t in trackers]

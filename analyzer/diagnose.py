@@ -121,6 +121,7 @@ def _diagnose(
     found += fnd.completion_unknown_findings(scope)
     found += fnd.membership_unknown_findings(scope)
     found += fnd.outside_selection_findings(scope, outside)
+    found += fnd.exception_findings(scope)
     return Report(
         verdict=d.verdict,
         summary=summary,

@@ -220,6 +220,7 @@ def rank_evidence(
             stacks=meta.stacks if meta is not None else None,
             gpu=meta.gpu if meta is not None else None,
             sources={str(k): str(v) for k, v in sources.items()},
+            exceptions=list(meta.exceptions) if meta is not None else [],
         )
     return out
 

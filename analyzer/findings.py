@@ -156,6 +156,16 @@ def wrap_findings(scope: Scope) -> list[Finding]:
     return [Finding(kind=K.BUFFER_WRAPPED, ranks=wrapped, detail=wording.BUFFER_WRAPPED)]
 
 
+def exception_findings(scope: Scope) -> list[Finding]:
+    """A rank whose threads died of uncaught exceptions (its bundle says so)."""
+    out = []
+    for r, meta in sorted(scope.loaded.rank_meta.items()):
+        if meta.exceptions:
+            detail = f"rank {r}: uncaught exception in " + "; ".join(meta.exceptions)
+            out.append(Finding(kind=K.THREAD_EXCEPTION, ranks=[r], detail=detail))
+    return out
+
+
 def completion_unknown_findings(scope: Scope) -> list[Finding]:
     unknown = scope.unknown_groups()
     if not unknown:

@@ -57,6 +57,7 @@ class FindingKind(StrEnum):
     COMPLETION_UNKNOWN = "completion-unknown"
     MEMBERSHIP_UNKNOWN = "membership-unknown"
     OUTSIDE_SELECTION = "outside-selection"
+    THREAD_EXCEPTION = "thread-exception"
 
 
 FINDING_KINDS: dict[FindingKind, str] = {
@@ -90,6 +91,8 @@ FINDING_KINDS: dict[FindingKind, str] = {
     "members nobody names (no pg_config ranks, no bundle metadata, no --world-size)",
     FindingKind.OUTSIDE_SELECTION: "selected ranks have unfinished collectives or send/recv "
     "with ranks whose dumps --selected-ranks left out: whether they wait on them is unknown",
+    FindingKind.THREAD_EXCEPTION: "a thread of the rank died of an uncaught exception (the "
+    "hook saw it) before the dump: often why its main thread waits, e.g. on a dead data loader",
 }
 
 
@@ -161,6 +164,9 @@ class RankEvidence:
     frames: list[Frame] = field(default_factory=list)  # FR call-site frames of last_entered
     stacks: str | None = None  # Python stacks text (all threads)
     gpu: dict[str, Any] | None = None  # NVML readings, or {"available": false, "reason": ...}
+    # Uncaught exceptions the hook saw in the rank's threads, oldest first:
+    # "thread <name>: <type>: <message>".
+    exceptions: list[str] = field(default_factory=list)
     # evidence -> source, e.g. {"fr": "worker-server", "stacks": "py-spy", "gpu": "nvml"}
     sources: dict[str, str] = field(default_factory=dict)
 

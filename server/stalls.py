@@ -34,6 +34,9 @@ def scan_stalls(
         progress: dict[int, MemberProgress] = {}
         for r, rg in members:
             enq, comp = rg.collectives() or (rg.last_enqueued, rg.last_completed)
+            # Collectives are numbered from 1 and -1 means none: a rank in the
+            # group's first one waits in #1, not "#0".
+            comp = max(comp, 0)
             op = rg.in_flight_op
             if rg.completion_unknown and assumed is not None:
                 comp = assumed

@@ -56,6 +56,9 @@ class RankMeta:
     stacks: str | None = None
     # Coordinator-written only: seconds since the rank's agent last reported it.
     last_report_age_s: float | None = None
+    # Uncaught exceptions the hook saw in the rank's threads, oldest first:
+    # "thread <name>: <type>: <message>" (agent-written; absent: none seen).
+    exceptions: tuple[str, ...] = ()
 
     SCHEMA: ClassVar[str] = RANKMETA
 
@@ -77,6 +80,8 @@ class RankMeta:
             d["stacks"] = self.stacks
         if self.last_report_age_s is not None:
             d["last_report_age_s"] = self.last_report_age_s
+        if self.exceptions:
+            d["exceptions"] = list(self.exceptions)
         return d
 
     def to_bytes(self, *, pretty: bool = False) -> bytes:
@@ -103,6 +108,7 @@ class RankMeta:
             errors=c.str_map(d, "errors", s),
             stacks=c.opt_str(d, "stacks", s, None),
             last_report_age_s=c.opt_float(d, "last_report_age_s", s, None),
+            exceptions=tuple(c.str_list(d, "exceptions", s)),
         )
 
     @classmethod

@@ -228,3 +228,29 @@ def test_nccl_pipeline_group_counts_p2p() -> None:
     assert by_group[names[6]].collectives_enqueued == 29
     # Its completed op is older than the entries in the dump: not known, not guessed.
     assert by_group[names[6]].collectives_completed == COLLECTIVES_UNKNOWN
+
+
+def test_a_rank_late_for_the_first_collective_is_not_in_collective_0() -> None:
+    def rank(r: int, enq: int) -> pb.RankProgress:
+        gp = pb.GroupProgress(group="0", last_enqueued=enq, last_completed=-1)
+        return pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
+
+    snap = _registry({0: rank(0, 1), 1: rank(1, -1), 2: rank(2, 1)}).snapshot("pp")
+    assert snap is not None
+    (st,) = snap.stalled
+    assert (st.seq, st.waiting_ranks, st.not_entered_ranks) == (1, [0, 2], [1])
+
+
+def test_a_crash_caused_by_a_dead_peer_goes_after_its_cause() -> None:
+    from hangwatch.agent.causes import causes_first
+
+    crashed = pb.EVENT_KIND_RANK_CRASHED
+    peer = (
+        crashed,
+        0,
+        "process is a zombie; uncaught exception: RuntimeError: [../gloo/transport/tcp/pair.cc:553]"
+        " Connection closed by peer [127.0.0.1]:11497",
+    )
+    cause = (crashed, 1, "process gone; uncaught exception: RuntimeError: rank 1: corrupt sample")
+    exited = (pb.EVENT_KIND_RANK_EXITED, 2, "process gone")
+    assert causes_first([peer, exited, cause]) == [exited, cause, peer]
