@@ -1,0 +1,273 @@
+"""Small real training jobs, each run live: `hangwatch server` + `hangwatch agent` +
+`hangwatch run -- torchrun ...`, asserting incidents, states and words through
+the JSON API read into its own models (never printed text).
+
+One coordinator (stall timeout 5 s) serves the module; each test has its own
+job id, run directory and agent. The jobs are in train_jobs.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+from hangwatch.analyzer.report import FindingKind
+from hangwatch.server.web import schemas
+
+from hangwatch import env
+from tests.live.conftest import coordinator_process
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.realjob]
+
+HERE = Path(__file__).resolve().parent
+STALL_TIMEOUT_S = 5.0
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    data = tmp_path_factory.mktemp("realjobs")
+    with coordinator_process(data, "--stall-timeout", str(STALL_TIMEOUT_S)) as info:
+        yield info
+
+
+@dataclass
+class LiveJob:
+    job_id: str
+    http: httpx.Client
+    agent: subprocess.Popen[bytes]
+    train: subprocess.Popen[bytes]
+    logs: dict[str, Path]
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- {name}\n{p.read_text(errors='replace')[-4000:]}" for name, p in self.logs.items()
+        )
+
+    def summary(self) -> schemas.JobSummary | None:
+        for j in self.http.get("/api/jobs").raise_for_status().json():
+            if j["job"] == self.job_id:
+                return schemas.JobSummary.model_validate(j)
+        return None
+
+    def incidents(self) -> list[schemas.IncidentSummary]:
+        got = self.http.get("/api/incidents", params={"job": self.job_id}).raise_for_status()
+        return [schemas.IncidentSummary.model_validate(i) for i in got.json()]
+
+    def incident(self, incident_id: str) -> schemas.IncidentDetail:
+        got = self.http.get(f"/api/incidents/{incident_id}").raise_for_status()
+        return schemas.IncidentDetail.model_validate(got.json())
+
+    def wait(self, what: str, value: Callable[[], T | None], timeout: float = 60.0) -> T:
+        """Poll `value` (the API) until it is not None; fail with every log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = value()
+            if got is not None:
+                return got
+            assert self.agent.poll() is None, (
+                f"agent exited {self.agent.returncode}\n{self.output()}"
+            )
+            time.sleep(0.3)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{self.output()}")
+
+    def finished(self, timeout: float = 60.0) -> int:
+        try:
+            return self.train.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not finish in {timeout}s\n{self.output()}") from None
+
+    def ended(self) -> schemas.JobSummary:
+        """The job's summary once the coordinator shows it ended."""
+        return self.wait("the job to show as ended", lambda: _if(self.summary(), "ended"))
+
+    def analyzed(self) -> schemas.IncidentDetail:
+        """The job's one incident once its verdict is stored."""
+
+        def first() -> schemas.IncidentDetail | None:
+            done = [i for i in self.incidents() if i.status != "collecting"]
+            return self.incident(done[0].id) if done else None
+
+        return self.wait("an analysed incident", first)
+
+
+def _if(s: schemas.JobSummary | None, state: str) -> schemas.JobSummary | None:
+    return s if s is not None and s.state == state else None
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+@contextlib.contextmanager
+def live_job(
+    server: dict[str, str], tmp_path: Path, job: str, *, nproc: int = 2, **extra: str
+) -> Iterator[LiveJob]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    environ |= {env.HANGWATCH_POLL_INTERVAL: "0.5", "OMP_NUM_THREADS": "1", **extra}
+    run_dir = tmp_path / "run"
+    job_id = f"{job}-{tmp_path.name}"[:60]
+    logs = {"agent": tmp_path / "agent.log", "train": tmp_path / "train.log"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with logs["agent"].open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "hangwatch",
+                        "agent",
+                        "--coordinator",
+                        server["grpc"],
+                        "--run-dir",
+                        str(run_dir),
+                        "--job-id",
+                        job_id,
+                    ],
+                    env=environ,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        with logs["train"].open("wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "hangwatch",
+                        "run",
+                        "--run-dir",
+                        str(run_dir),
+                        "--",
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        "--standalone",
+                        "--nproc-per-node",
+                        str(nproc),
+                        str(HERE / "train_jobs.py"),
+                        job,
+                    ],
+                    env=environ,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        with httpx.Client(base_url=server["http"], timeout=10) as http:
+            yield LiveJob(job_id=job_id, http=http, agent=procs[0], train=procs[1], logs=logs)
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+    assert procs[0].returncode == 0, f"the agent did not stop cleanly\n{logs['agent'].read_text()}"
+
+
+@pytest.mark.timeout(120)
+def test_healthy_ddp_raises_nothing_and_ends(server: dict[str, str], tmp_path: Path) -> None:
+    with live_job(server, tmp_path, "ddp") as j:
+        assert j.finished() == 0, j.output()
+        s = j.ended()
+        assert s.ended_reason == "every rank of the job exited" and not s.live
+        assert s.oldest_inflight_age_s is None and s.stalled_groups == 0
+        assert j.incidents() == []
+
+
+@pytest.mark.timeout(120)
+def test_healthy_fsdp2_raises_nothing(server: dict[str, str], tmp_path: Path) -> None:
+    with live_job(server, tmp_path, "fsdp2") as j:
+        assert j.finished() == 0, j.output()
+        j.ended()
+        assert j.incidents() == []
+
+
+@pytest.mark.timeout(150)
+def test_ddp_uneven_batches_hang_is_an_op_mismatch(server: dict[str, str], tmp_path: Path) -> None:
+    """Rank 1 runs out of batches and waits at the final barrier while rank 0 is
+    in its next gradient all_reduce: the same seq, two different collectives."""
+    with live_job(server, tmp_path, "ddp-uneven") as j:
+        inc = j.analyzed()
+        assert j.train.poll() is None, "the hung job must still be running"
+        assert (inc.trigger, inc.status, inc.verdict) == ("stall", "analyzed", "mismatch"), inc
+        assert inc.open and not inc.transient
+        assert inc.report is not None and inc.report.stalled_collective is not None
+        seq = inc.report.stalled_collective.seq
+        (f,) = [f for f in inc.report.findings if f.kind == FindingKind.OP_MISMATCH]
+        assert (
+            f.seq == seq
+            and f.detail == f"different ops at seq {seq}: all_reduce on 0, barrier on 1"
+        )
+        assert f"stalled at seq {seq} " in inc.reason  # the trigger line names the same collective
+        s = j.summary()
+        assert s is not None and s.state == "live" and s.open_incident == inc.id
+
+
+@pytest.mark.timeout(150)
+def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_path: Path) -> None:
+    with live_job(server, tmp_path, "crash") as j:
+        inc = j.analyzed()
+        assert j.finished() != 0  # torchrun reports the failed rank
+        assert inc.trigger == "crash", inc
+        # The rank that died first, and why; rank 0 only lost its peer.
+        assert inc.reason.startswith("rank 1 crashed"), inc.reason
+        assert "RuntimeError: rank 1: corrupt sample in batch 10" in inc.reason, inc.reason
+        assert inc.report is not None
+        assert inc.report.evidence[1].exceptions == [
+            "thread MainThread: RuntimeError: rank 1: corrupt sample in batch 10"
+        ]
+        s = j.ended()
+        assert s.oldest_inflight_age_s is None and s.open_incident is None
+        (only,) = j.incidents()
+        assert only.id == inc.id and only.status == "ended" and not only.open
+
+
+@pytest.mark.timeout(150)
+def test_dead_loader_thread_is_in_the_incident(server: dict[str, str], tmp_path: Path) -> None:
+    """Rank 1's data-loader thread dies; its main thread waits in queue.get()."""
+    with live_job(server, tmp_path, "loader") as j:
+        inc = j.analyzed()
+        assert (inc.trigger, inc.verdict, inc.lagging_ranks) == ("stall", "hang", [1]), inc
+        assert inc.report is not None
+        raised = "thread data-loader: ValueError: corrupt record 12 in shard-0003.bin"
+        assert inc.report.evidence[1].exceptions == [raised]
+        assert inc.report.evidence[0].exceptions == []
+        (f,) = [f for f in inc.report.findings if f.kind == FindingKind.THREAD_EXCEPTION]
+        assert f.ranks == [1] and f.detail == f"rank 1: uncaught exception in {raised}"
+        assert inc.report.stalled_collective is not None
+        seq = inc.report.stalled_collective.seq
+        assert f"stalled at seq {seq} (all_reduce): ranks 0 waiting, ranks 1 not entered" in (
+            inc.reason
+        )
+
+
+@pytest.mark.timeout(150)
+def test_slow_evaluation_is_one_resolved_incident(server: dict[str, str], tmp_path: Path) -> None:
+    """Rank 0 evaluates for 12 s while rank 1 waits in a barrier (stall timeout 5 s)."""
+    with live_job(server, tmp_path, "slow-eval", EVAL_S="12") as j:
+        assert j.finished(90) == 0, j.output()
+        s = j.ended()
+        (inc,) = j.incidents()
+        assert inc.status == "resolved" and inc.transient and not inc.open, inc
+        assert inc.late_ranks == [0], inc
+        assert inc.stall_s is not None and STALL_TIMEOUT_S < inc.stall_s < 30, inc
+        assert s.open_incident is None and s.stalled_groups == 0 and s.oldest_inflight_age_s is None
