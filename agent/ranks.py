@@ -96,6 +96,8 @@ class RankTracker:
     python_ok: bool = True
     python_retry_at: float = 0.0
     last_entries_fetch: float | None = None
+    # Entries were read once the rank had entered a collective (numbering.py's first look).
+    looked: bool = False
     unresponsive_reported: bool = False
     exited_reported: bool = False
     events_offset: int = 0
@@ -277,7 +279,7 @@ class RankTracker:
     def needs_calibration(self, now: float) -> bool:
         """Time to read FR entries for the collective numbering (CALIBRATE_S)."""
         last = self.last_entries_fetch
-        if last is None:
+        if last is None or not self.looked:
             # The first look, once the rank has done something: which groups count p2p.
             return any(g.last_enqueued >= 0 for g in self.groups.values())
         if last >= max((g.changed_at() for g in self.groups.values()), default=0.0):
@@ -442,6 +444,11 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             t.python_ok = False
             t.python_retry_at = now + PYTHON_RETRY_S
             log.debug("rank %d: status handler failed (%s); using the full dump", t.rank, e)
+    if doc:
+        # Applied before deciding on entries, so that the first look comes in
+        # the poll that first sees a collective (and applied again below,
+        # with what the entries taught).
+        t.apply_status(doc, now)
     if doc is None or t.needs_entries(now, entries_after_s) or t.needs_calibration(now):
         # torch's C++ handlers, one per recorder instance: they answer while the GIL is held.
         wall_ns = time.time_ns()
@@ -450,6 +457,7 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
             t.last_entries_fetch = now
             if doc is None:
                 t.status_wall_ns = wall_ns
+            t.looked |= any(g.last_enqueued >= 0 for g in t.groups.values())
         for instance, full in fulls:
             out.entries.extend(t.ingest_entries(full, instance))
             if doc is None:

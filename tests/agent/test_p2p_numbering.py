@@ -170,6 +170,7 @@ def test_calibration_reads_entries_at_start_when_quiet_and_rarely() -> None:
     t = _tracker(KIND_GENERIC, "gloo", ["0"])
     g = t.groups["0"]
     assert not t.needs_calibration(0.0)  # nothing done yet
+    t.last_entries_fetch = 0.5  # read before its first collective: not the first look
     t.apply_status({"pg_status": {"0": {"last_enqueued_collective": 3}}}, 1.0, "gloo")
     assert t.needs_calibration(1.0)  # the first look
     entries = [
@@ -178,7 +179,7 @@ def test_calibration_reads_entries_at_start_when_quiet_and_rarely() -> None:
         for i in (1, 2)
     ]  # fmt: skip
     t.ingest_entries({"entries": entries}, "gloo")
-    t.last_entries_fetch = 1.0
+    t.last_entries_fetch, t.looked = 1.0, True
     t.apply_status(
         {"pg_status": {"0": {"last_enqueued_collective": 4, "last_completed_collective": 4}}},
         1.0,

@@ -271,3 +271,31 @@ def test_slow_evaluation_is_one_resolved_incident(server: dict[str, str], tmp_pa
         assert inc.late_ranks == [0], inc
         assert inc.stall_s is not None and STALL_TIMEOUT_S < inc.stall_s < 30, inc
         assert s.open_incident is None and s.stalled_groups == 0 and s.oldest_inflight_age_s is None
+
+
+@pytest.mark.timeout(150)
+def test_pipeline_stages_are_never_behind_for_their_p2p(
+    server: dict[str, str], tmp_path: Path
+) -> None:
+    """Three healthy stages: the middle one does twice the sends/receives, and
+    gloo's counters count them; the heat map must still show everyone in step."""
+    with live_job(server, tmp_path, "pipeline", nproc=3) as j:
+        seen_p2p = False
+        samples = 0
+        while j.train.poll() is None:
+            got = j.http.get(f"/api/jobs/{j.job_id}/ranks")
+            if got.status_code == 200:
+                ranks = schemas.JobRanks.model_validate(got.json()).ranks
+                running = [r for r in ranks if r.process_state == "running"]
+                if len(running) == 3:
+                    samples += 1
+                    seen_p2p |= all(r.p2p for r in running)
+                    # In step within the one collective a poll can straddle.
+                    assert all(r.lag <= 1 for r in running), [
+                        (r.rank, r.lag, r.groups) for r in ranks
+                    ]
+            time.sleep(0.5)
+        assert j.train.returncode == 0, j.output()
+        assert samples >= 3 and seen_p2p, (samples, seen_p2p)
+        j.ended()
+        assert j.incidents() == []

@@ -1,7 +1,7 @@
 """Small real training jobs for the live tests: launched by torchrun under
 `hangwatch run`, they know nothing of hangwatch.
 
-    python train_jobs.py JOB        (JOB: ddp, ddp-uneven, fsdp2, crash, loader, slow-eval)
+    python train_jobs.py JOB   (ddp, ddp-uneven, fsdp2, crash, loader, slow-eval, pipeline)
 
 Every job prints "DONE" and exits 0 when it finishes; the hanging ones never do
 (the test ends them). Sleeps stand in for the work a step does, so that the
@@ -93,6 +93,20 @@ def slow_eval(rank: int) -> None:
     train(net, 20)
 
 
+def pipeline(rank: int) -> None:
+    """Hand-written pipeline stages: activations go forward by send/recv, then
+    every stage all_reduces; the middle stages do twice the p2p of the ends."""
+    world = dist.get_world_size()
+    for _ in range(int(os.environ.get("STEPS", "60"))):
+        x = torch.randn(8, 16)
+        if rank > 0:
+            dist.recv(x, rank - 1)
+        if rank < world - 1:
+            dist.send(x * 2, rank + 1)
+        dist.all_reduce(torch.ones(4))
+        time.sleep(STEP_S)
+
+
 def main(job: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -111,6 +125,8 @@ def main(job: str) -> None:
         loader(rank)
     elif job == "slow-eval":
         slow_eval(rank)
+    elif job == "pipeline":
+        pipeline(rank)
     else:
         raise SystemExit(f"unknown job {job!r}")
     dist.destroy_process_group()
