@@ -34,9 +34,10 @@ def snapshot(out: Path, rank: int) -> None:
 
 
 def snapshot_when_waiting(out: Path, rank: int) -> None:
+    # By its entries: pg_status can lag behind a collective that has finished.
     for _ in range(600):
-        st = json.loads(c10d_ext._dump_fr_trace_json(includeCollectives=False))["pg_status"]["0"]
-        if int(st["last_enqueued_collective"]) > int(st["last_completed_collective"]):
+        entries = json.loads(c10d_ext._dump_fr_trace_json())["entries"]
+        if any(e["collective_seq_id"] == 5 for e in entries):
             snapshot(out, rank)
             return
         time.sleep(0.05)
