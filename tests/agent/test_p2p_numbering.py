@@ -21,6 +21,7 @@ from hangwatch.agent.ranks import RankTracker
 from hangwatch.server.state import JobRegistry
 
 from hangwatch import safepickle
+from hangwatch.formats import RankInfo
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, KIND_NCCL
 from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
 from tests.helpers import CONFORMANCE_DIR
@@ -38,7 +39,7 @@ def _tracker(kind: str, instance: str, groups: list[str], rank: int = 0) -> Rank
             {"instance": instance, "kind": kind, "completion": COMPLETION_TRACKED, "groups": groups}
         ],
     }
-    return RankTracker(info=info, rankinfo_path="", rankinfo_mtime=0.0)
+    return RankTracker(info=RankInfo.from_json(info), rankinfo_path="", rankinfo_mtime=0.0)
 
 
 @pytest.fixture(scope="module")
