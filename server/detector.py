@@ -110,3 +110,72 @@ def find_group_stall(
         unobserved_ranks=unobserved,
         stalled_for_s=max(0.0, no_progress_for_s),
     )
+
+
+# --- hangs FR cannot see --------------------------------------------------------
+#
+# Gloo records no send/recv, and a rank stuck in Python before its next
+# collective leaves every counter where it was: no group ever shows a member
+# in flight, so `find_group_stall` sees nothing. What is left is the job as a
+# whole going quiet. That is only a symptom when the job was making steady
+# progress: its counters moved in at least STEADY_MOVES reports (a rank's
+# first numbers are its baseline, not a move), and the quiet period outlasts
+# both the stall timeout and QUIET_GAP_FACTOR times the longest gap between
+# two moves since it became steady (a job with a long periodic pause, an
+# evaluation or a checkpoint, is not paged for its own rhythm once it has
+# shown it; its start-up, before it was steady, sets no rhythm).
+
+STEADY_MOVES: Final = 3
+QUIET_GAP_FACTOR: Final = 2.0
+
+
+@dataclass(kw_only=True, frozen=True)
+class QuietRank:
+    rank: int
+    observed: bool = True
+    process_state: str = "running"
+    in_flight: bool = False  # inside a collective of some group, as far as its numbers tell
+
+
+@dataclass(kw_only=True, frozen=True)
+class JobQuiet:
+    """No counter moved anywhere for `quiet_for_s`, every rank alive, none in a collective."""
+
+    quiet_for_s: float
+    threshold_s: float  # what quiet_for_s had to reach
+    moves: int  # reports that moved a counter before it went quiet
+    longest_gap_s: float  # the longest gap between two of them
+    ranks: list[int]
+
+
+def quiet_threshold(stall_timeout: float, longest_gap_s: float) -> float:
+    return max(stall_timeout, QUIET_GAP_FACTOR * longest_gap_s)
+
+
+def find_job_quiet(
+    *,
+    ranks: Sequence[QuietRank],
+    moves: int,
+    longest_gap_s: float,
+    quiet_for_s: float,
+    stall_timeout: float,
+) -> JobQuiet | None:
+    """The no-progress pattern over a whole job, or None. Unlike a group stall
+    it is returned only once over its threshold: there is nothing to watch grow."""
+    if moves < STEADY_MOVES or not ranks:
+        return None
+    threshold = quiet_threshold(stall_timeout, longest_gap_s)
+    if quiet_for_s < threshold:
+        return None
+    # A lost agent, a dead rank or a collective in flight is another rule's
+    # (the group stall, rank-lost, agent-lost, crash): this one is for the rest.
+    for r in ranks:
+        if not r.observed or r.process_state in EXITED_STATES or r.in_flight:
+            return None
+    return JobQuiet(
+        quiet_for_s=quiet_for_s,
+        threshold_s=threshold,
+        moves=moves,
+        longest_gap_s=longest_gap_s,
+        ranks=sorted(r.rank for r in ranks),
+    )

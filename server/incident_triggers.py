@@ -1,4 +1,4 @@
-"""What opens an incident: an agent's event, or a stall the detector found.
+"""What opens an incident: an agent's event, a stall the detector found, or a job gone quiet.
 
 Each trigger is turned into one `Trigger`, the reason a person reads and the
 structured record stored with the incident. Deciding whether it opens a new
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from hangwatch.server.detector import JobQuiet
 from hangwatch.server.state import JobRegistry, StalledGroup
 from hangwatch.server.store import IncidentStore
 
@@ -152,6 +153,39 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
                 }
                 for s in stalls
             ],
+        },
+    )
+
+
+NO_PROGRESS: Final = TriggerKind.NO_PROGRESS
+# The key a no-progress incident covers: one per quiet period, named by how
+# many moves the job had made when it went quiet (a later quiet period is a
+# new hang; the same one seen again joins the first).
+QUIET_KEY: Final = "<no-progress>"
+
+
+def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
+    """The job stopped with every rank alive and none in a collective: FR has
+    nothing to say (gloo records no send/recv; a rank stuck in Python before
+    its next collective moves no counter), so the verdict must come from the
+    stacks every rank's dump carries."""
+    reason = (
+        f"no progress for {quiet.quiet_for_s:.1f}s on any rank "
+        f"(ranks {fmt_ranks(quiet.ranks)} alive, none in a collective): "
+        "FR cannot see this hang; diagnosing from the stacks"
+    )
+    return Trigger(
+        kind=NO_PROGRESS,
+        reason=reason,
+        onset=now - quiet.quiet_for_s,
+        keys=[(QUIET_KEY, quiet.moves)],
+        info={
+            "kind": NO_PROGRESS,
+            "quiet_for_s": round(quiet.quiet_for_s, 3),
+            "threshold_s": round(quiet.threshold_s, 3),
+            "moves_before": quiet.moves,
+            "longest_gap_s": round(quiet.longest_gap_s, 3),
+            "ranks": quiet.ranks,
         },
     )
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hangwatch.analyzer.report import Report
+from hangwatch.server.detector import JobQuiet
 from hangwatch.server.incident_bundle import write_incident_json
 from hangwatch.server.incident_collection import (
     AGENT_UNREACHABLE,
@@ -50,6 +51,7 @@ from hangwatch.server.incident_triggers import (
     Trigger,
     event_trigger,
     fmt_ranks,
+    quiet_trigger,
     stall_trigger,
     stored_incident_for,
 )
@@ -215,6 +217,8 @@ class IncidentManager:
             stalls = self.registry.stalls(job_id, over_timeout_only=True)
             if stalls:
                 self._on_stalls(job_id, stalls)
+            elif (quiet := self.registry.quiet(job_id)) is not None:
+                self._on_quiet(job_id, quiet)
         now = self.registry.now()
         due: list[Collection] = []
         with self._lock:
@@ -261,6 +265,11 @@ class IncidentManager:
             self.registry.mark_handled(job_id, keys, prior)
             return
         self._open(job_id, stall_trigger(stalls, fresh, self.registry.now()))
+
+    def _on_quiet(self, job_id: str, quiet: JobQuiet) -> None:
+        trigger = quiet_trigger(quiet, self.registry.now())
+        if all(self.registry.handled_by(job_id, k) is None for k in trigger.keys):
+            self._open(job_id, trigger)
 
     # ---- opening -------------------------------------------------------------------
 

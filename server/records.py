@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch.server.commands import Mailbox
+from hangwatch.server.detector import STEADY_MOVES
 
 from hangwatch.wire import pb, process_state_name
 
@@ -41,6 +42,8 @@ class RankGroupRecord:
         if self.coll_enqueued is None or self.coll_completed is None:
             return None
         return self.coll_enqueued, self.coll_completed
+    # False until its first report: the numbers a rank starts from are not a move.
+    reported: bool = False
 
 
 @dataclass
@@ -97,6 +100,20 @@ class JobRecord:
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     last_seen: float = 0.0
     last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more
+    # Reports that moved a counter past a rank's first numbers, when the last
+    # one arrived and the longest gap between two: whether the job was making
+    # steady progress, for the no-progress rule (stalls.scan_quiet).
+    progress_moves: int = 0
+    last_move: float = 0.0
+    longest_gap_s: float = 0.0
+
+    def note_move(self, now: float) -> None:
+        # Gaps before the job became steady are its start-up (loading data,
+        # building the model), not its rhythm.
+        if self.progress_moves >= STEADY_MOVES:
+            self.longest_gap_s = max(self.longest_gap_s, now - self.last_move)
+        self.progress_moves += 1
+        self.last_move = now
 
     def observed(self, r: RankRecord) -> bool:
         """Its agent is live: a lost agent's numbers are stale, so its ranks are

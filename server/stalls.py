@@ -2,7 +2,8 @@
 
 The detector is pure; this module decides what numbers it sees. The one
 judgement made here is for groups whose recorder does not record completion:
-their completed count is inferred from what every member has entered.
+their completed count is inferred from what every member has entered. The
+same inference says whether a rank is in a collective for `scan_quiet`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from hangwatch.server.detector import MemberProgress, find_group_stall
+from hangwatch.server.detector import (
+    JobQuiet,
+    MemberProgress,
+    QuietRank,
+    find_group_stall,
+    find_job_quiet,
+)
 from hangwatch.server.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
 from hangwatch.server.views import StalledGroup
 
@@ -82,3 +89,34 @@ def assumed_completed(
         return None
     lo, hi = min(enq), max(enq)
     return lo if hi > lo else lo - 1
+
+
+def scan_quiet(job: JobRecord, now: float, stall_timeout: float) -> JobQuiet | None:
+    """The whole job gone quiet with no collective in flight (the detector's
+    `find_job_quiet`), or None. Cheap when the job moved recently."""
+    if job.progress_moves == 0 or now - job.last_progress < stall_timeout:
+        return None
+    in_flight: set[int] = set()
+    for g in job.groups.values():
+        members = job.members(g)
+        assumed = assumed_completed(members, job.observed)
+        for r, rg in members:
+            comp = assumed if rg.completion_unknown and assumed is not None else rg.last_completed
+            if rg.last_enqueued > comp:
+                in_flight.add(r.rank)
+    ranks = [
+        QuietRank(
+            rank=r.rank,
+            observed=job.observed(r),
+            process_state=r.process_state,
+            in_flight=r.rank in in_flight,
+        )
+        for r in job.ranks.values()
+    ]
+    return find_job_quiet(
+        ranks=ranks,
+        moves=job.progress_moves,
+        longest_gap_s=job.longest_gap_s,
+        quiet_for_s=now - job.last_progress,
+        stall_timeout=stall_timeout,
+    )

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from hangwatch.server.commands import PENDING_COMMANDS, Command
+from hangwatch.server.detector import JobQuiet
 from hangwatch.server.records import (
     EVENT_RING,
     AgentRecord,
@@ -31,7 +32,7 @@ from hangwatch.server.records import (
     in_flight_age,
     process_state_name,
 )
-from hangwatch.server.stalls import scan_stalls
+from hangwatch.server.stalls import scan_quiet, scan_stalls
 from hangwatch.server.views import (
     AgentLive,
     GroupLive,
@@ -259,6 +260,7 @@ class JobRegistry:
             agent.last_report = now
             agent.lost = False
             job.last_seen = now
+            moved = False
             for rp in req.ranks:
                 if rp.rank not in agent.ranks:
                     raise StaleSession(f"rank {rp.rank} was not registered by {req.agent_id}")
@@ -271,9 +273,13 @@ class JobRegistry:
                     g = job.groups.get(gp.group)
                     if rg is None or g is None:
                         continue  # a group it never registered: membership unknown
+                    baseline = not rg.reported
                     if _apply_group_progress(rg, gp, now):
                         g.last_progress = now
                         job.last_progress = now
+                        moved |= not baseline
+            if moved:
+                job.note_move(now)
 
     def report_entries(self, req: pb.EntryBatch) -> None:
         """Accepted and discarded: nothing ever read the entries (the dashboard
@@ -367,6 +373,15 @@ class JobRegistry:
             if job is None:
                 return []
             return scan_stalls(job, self._clock(), self.stall_timeout, over_timeout_only)
+
+    def quiet(self, job_id: str) -> JobQuiet | None:
+        """The job stopped making progress with no collective in flight, past
+        its threshold (detector.find_job_quiet), or None."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            return scan_quiet(job, self._clock(), self.stall_timeout)
 
     def in_flight_key(self, job_id: str) -> tuple[str, int] | None:
         """The oldest (group, seq) any observed rank of the job is inside, if any."""
@@ -536,6 +551,7 @@ def _apply_group_progress(rg: RankGroupRecord, gp: pb.GroupProgress, now: float)
     # A p2p op in flight is not a collective in flight; where the numbering
     # is unknown, the agent's in-flight seq is in pg_status's, like these.
     enq, comp = rg.collectives() or (gp.last_enqueued, gp.last_completed)
+    rg.reported = True
     if gp.completion_unknown and gp.HasField("oldest_in_flight"):
         # The agent names the op of the newest collective entered.
         rg.in_flight_seq = gp.oldest_in_flight.seq

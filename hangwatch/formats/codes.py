@@ -20,6 +20,9 @@ class TriggerKind(StrEnum):
     AGENT_LOST = "agent-lost"  # the only missing members are ones nobody can observe
     BACKEND_UNHEALTHY = "backend-unhealthy"  # torch 2.15 health check or abort hook
     CRASH = "crash"  # a rank died of an uncaught exception
+    # every rank alive, none in a collective, no counter moving after steady
+    # progress: a hang FR cannot see (gloo p2p, Python before a collective)
+    NO_PROGRESS = "no-progress"
 
 
 class StallKind(StrEnum):

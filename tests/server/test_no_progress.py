@@ -1,0 +1,184 @@
+"""The no-progress rule on the fake clock: hangs FR cannot see (gloo p2p, Python before
+any collective) open an incident only after the job made steady progress.
+
+The real registry, incident manager and SQLite store with test_fake_clock's
+harness (agents played by feeding real protobuf messages to the registry).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hangwatch.server.detector import STEADY_MOVES, JobQuiet, QuietRank, find_job_quiet
+
+from hangwatch.wire import pb
+
+from . import test_fake_clock
+from .test_fake_clock import STALL, Env
+
+env = test_fake_clock.env  # its fixture: real registry, manager and store on a FakeClock
+
+STEP = 0.5  # seconds between two reports of a training job
+
+
+def _train(env: Env, steps: int, *, start: int = 0, every: float = STEP) -> int:
+    """Every rank completes one collective per report (nothing left in flight)."""
+    seq = start
+    for _ in range(steps):
+        env.clock.advance(every)
+        seq += 1
+        env.a.report({0: (seq, seq), 1: (seq, seq)})
+        env.b.report({2: (seq, seq), 3: (seq, seq)})
+    return seq
+
+
+def _quiet_for(env: Env, seconds: float, seq: int) -> None:
+    """Heartbeats that repeat the same numbers, one tick a second."""
+    for _ in range(int(seconds)):
+        env.clock.advance(1.0)
+        env.a.report({0: (seq, seq), 1: (seq, seq)})
+        env.b.report({2: (seq, seq), 3: (seq, seq)})
+        env.manager.tick()
+
+
+@pytest.mark.timeout(20)
+def test_a_steady_job_that_stops_outside_any_collective_opens_one_incident(env: Env) -> None:
+    seq = _train(env, 6)
+    _quiet_for(env, STALL - 1, seq)
+    assert env.store.list_incidents() == []  # not yet: quiet for less than the stall timeout
+    _quiet_for(env, 1, seq)
+    row = env.only_incident()
+    assert (row.status, row.trigger) == ("collecting", "no-progress")
+    assert row.reason == (
+        f"no progress for {STALL:.1f}s on any rank (ranks 0-3 alive, none in a collective): "
+        "FR cannot see this hang; diagnosing from the stacks"
+    )
+    # Every rank is asked for its dump: the verdict comes from their stacks.
+    for node in (env.a, env.b):
+        [cmd] = node.commands()
+        assert (cmd.kind, cmd.incident_id) == (pb.COMMAND_KIND_DUMP, row.id)
+    env.a.answer(env.manager, row.id)
+    env.b.answer(env.manager, row.id)
+    env.manager.tick()
+    assert env.finalized(row.id).status == "analyzed"
+    # The same quiet period, however long, is that one incident.
+    _quiet_for(env, 3 * STALL, seq)
+    assert len(env.store.list_incidents()) == 1
+    assert env.metrics.counter("hangwatch_incidents_opened_total", {"trigger": "no-progress"}) == 1
+
+
+@pytest.mark.timeout(20)
+def test_a_job_whose_counters_never_moved_is_not_paged(env: Env) -> None:
+    # Registered at seq 0 and again at seq 40 (a job found mid-run): baselines, not moves.
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (40, 40), 3: (40, 40)})
+    _quiet_for(env, 5 * STALL, 0)
+    assert env.store.list_incidents() == []
+
+
+@pytest.mark.timeout(20)
+def test_fewer_moves_than_steady_is_not_progress_enough(env: Env) -> None:
+    # An init barrier and one more collective, then a long data load.
+    seq = _train(env, STEADY_MOVES - 1)
+    _quiet_for(env, 5 * STALL, seq)
+    assert env.store.list_incidents() == []
+    # Training starts: now it is steady, and a stop after that is paged.
+    seq = _train(env, 1, start=seq)
+    _quiet_for(env, STALL, seq)
+    assert env.only_incident().trigger == "no-progress"
+
+
+@pytest.mark.timeout(20)
+def test_a_quiet_period_that_ends_resolves_the_incident(env: Env) -> None:
+    seq = _train(env, 6)
+    _quiet_for(env, STALL, seq)
+    row = env.only_incident()
+    env.a.answer(env.manager, row.id)
+    env.b.answer(env.manager, row.id)
+    env.manager.tick()
+    assert env.finalized(row.id).status == "analyzed"
+    # The job resumes 3 s later (a long evaluation, say): a transient stall.
+    env.clock.advance(3)
+    _train(env, 1, start=seq, every=0.0)
+    env.manager.tick()
+    done = env.only_incident()
+    assert done.status == "resolved" and done.transient
+    assert done.stall_s == pytest.approx(STALL + 3)
+
+
+@pytest.mark.timeout(20)
+def test_a_job_with_a_long_pause_in_its_rhythm_is_judged_by_that_rhythm(env: Env) -> None:
+    # Steps every 0.5 s, then an 8 s evaluation (shorter than the timeout), steps again.
+    seq = _train(env, 4)
+    seq = _train(env, 1, start=seq, every=8.0)
+    seq = _train(env, 4, start=seq)
+    # Quiet for 1.5x the stall timeout: below twice the job's own 8 s pause.
+    _quiet_for(env, 15, seq)
+    assert env.store.list_incidents() == []
+    _quiet_for(env, 1, seq)
+    assert env.only_incident().trigger == "no-progress"
+
+
+@pytest.mark.timeout(20)
+def test_a_collective_in_flight_is_the_stall_rule_s_not_this_one(env: Env) -> None:
+    seq = _train(env, 6)
+    # Every rank inside the next collective (a long, healthy all_reduce): no incident at all.
+    for _ in range(3 * int(STALL)):
+        env.clock.advance(1.0)
+        env.a.report({0: (seq + 1, seq), 1: (seq + 1, seq)})
+        env.b.report({2: (seq + 1, seq), 3: (seq + 1, seq)})
+        env.manager.tick()
+    assert env.store.list_incidents() == []
+
+
+@pytest.mark.timeout(20)
+def test_a_job_whose_ranks_exited_is_over_not_quiet(env: Env) -> None:
+    seq = _train(env, 6)
+    for node, ranks in ((env.a, [0, 1]), (env.b, [2, 3])):
+        gone = [
+            pb.RankProgress(
+                rank=r,
+                state=pb.PROCESS_STATE_GONE,
+                groups=[pb.GroupProgress(group="0", last_enqueued=seq, last_completed=seq)],
+            )
+            for r in ranks
+        ]
+        node._send(gone)
+    for _ in range(3 * int(STALL)):
+        env.clock.advance(1.0)
+        env.manager.tick()
+    assert env.store.list_incidents() == []
+
+
+def _rule(
+    *,
+    ranks: list[QuietRank] | None = None,
+    moves: int = STEADY_MOVES,
+    longest_gap_s: float = 1.0,
+    quiet_for_s: float,
+) -> JobQuiet | None:
+    return find_job_quiet(
+        ranks=ranks if ranks is not None else [QuietRank(rank=r) for r in range(4)],
+        moves=moves,
+        longest_gap_s=longest_gap_s,
+        quiet_for_s=quiet_for_s,
+        stall_timeout=5.0,
+    )
+
+
+def test_the_rule_itself() -> None:
+    q = _rule(quiet_for_s=5.0)
+    assert q is not None and (q.threshold_s, q.ranks, q.moves) == (5.0, [0, 1, 2, 3], 3)
+    assert _rule(quiet_for_s=4.9) is None
+    assert _rule(moves=STEADY_MOVES - 1, quiet_for_s=60.0) is None
+    assert _rule(longest_gap_s=4.0, quiet_for_s=7.9) is None
+    assert _rule(longest_gap_s=4.0, quiet_for_s=8.0) is not None
+    alive = [QuietRank(rank=r) for r in range(3)]
+    for odd in (
+        QuietRank(rank=3, observed=False),
+        QuietRank(rank=3, process_state="gone"),
+        QuietRank(rank=3, in_flight=True),
+    ):
+        assert _rule(ranks=[*alive, odd], quiet_for_s=60.0) is None, odd
+    # A stopped rank (SIGSTOP) is still there: its peers' silence counts.
+    stopped = QuietRank(rank=3, process_state="stopped")
+    assert _rule(ranks=[*alive, stopped], quiet_for_s=60.0) is not None
