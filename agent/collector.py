@@ -26,7 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from hangwatch.agent import endpoint
+from hangwatch.agent import endpoint, stackargs
 from hangwatch.agent.procstate import process_state, state_name
 from hangwatch.agent.ranks import RankTracker
 
@@ -143,13 +143,15 @@ def _find_pyspy(pyspy: str) -> str | None:
     return shutil.which(pyspy) or shutil.which(pyspy, path=os.path.dirname(sys.executable))
 
 
-def _pyspy(pyspy: str, pid: int, nonblocking: bool) -> str:
+def _pyspy(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -> str:
     exe = _find_pyspy(pyspy)
     if exe is None:
         raise RuntimeError(f"py-spy executable {pyspy!r} not found")
     cmd = [exe, "dump", "--pid", str(pid)]
     if nonblocking:
         cmd.append("--nonblocking")
+    if with_locals:
+        cmd.append("--locals")
     try:
         out = subprocess.run(
             cmd, capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False
@@ -280,6 +282,15 @@ def collect_rank(
                 errors["stacks"] = f"{errors.get('stacks', '')}; py-spy: {e}".lstrip("; ")
     if stacks:
         files[formats.STACKS_FILE] = stacks.encode()
+    # Which peer a rank blocked in send/recv waits on, and whether each thread
+    # is idle or running: only py-spy says (measured: ~40 ms a rank), and only
+    # the peer arguments of its --locals are kept (agent.stackargs).
+    peer_stacks = ""
+    if alive or stopped:
+        try:
+            peer_stacks = stackargs.keep_peer_args(_pyspy(pyspy, t.pid, stopped, with_locals=True))
+        except RuntimeError as e:
+            errors["peer_stacks"] = f"py-spy --locals: {e}"
     for fr_name in fr_names if tail_context > 0 else []:
         try:
             # meta.json (written below) carries every group's members.
@@ -312,6 +323,7 @@ def collect_rank(
         gpu=gpu,
         errors=errors,
         exceptions=tuple(t.exceptions),  # the report's evidence and a thread-exception finding
+        peer_stacks=peer_stacks or None,
         # A tails-first incident uploads meta.json and not stacks.txt: one
         # file fewer per rank is 4,096 fewer creates at the coordinator.
         stacks=stacks if tail_context > 0 and stacks else None,

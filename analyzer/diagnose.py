@@ -23,6 +23,7 @@ from hangwatch.analyzer.matching import find_mismatches
 from hangwatch.analyzer.report import Finding, FindingKind, Report, StalledCollective
 from hangwatch.analyzer.scope import build_scope
 from hangwatch.analyzer.selection import known_roots, outside_waits
+from hangwatch.analyzer.stackdiag import with_stack_diagnosis
 from hangwatch.analyzer.streams import heads, pending_ops, stream_waits
 from hangwatch.analyzer.verdict import decide
 from hangwatch.analyzer.waits import Wait, collective_waits, p2p_waits
@@ -122,7 +123,7 @@ def _diagnose(
     found += fnd.membership_unknown_findings(scope)
     found += fnd.outside_selection_findings(scope, outside)
     found += fnd.exception_findings(scope)
-    return Report(
+    report = Report(
         verdict=d.verdict,
         summary=summary,
         stalled_collective=stalled,
@@ -138,6 +139,7 @@ def _diagnose(
         cycles=cycles,
         evidence=rank_evidence(scope, sorted(d.lagging), waits, stalled),
     )
+    return with_stack_diagnosis(report, loaded.rank_meta)  # where FR sees no culprit
 
 
 def _without_weak_blame(waits: list[Wait]) -> tuple[list[Wait], set[int]]:

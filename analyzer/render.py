@@ -47,6 +47,10 @@ def render(report: Report, console: Console) -> None:
     if report.tail_ranks:
         loaded += f"   from FR tails only: {rank_list(report.tail_ranks)}"
     console.print(Text(loaded, style="dim"))
+    if report.basis == "stacks":
+        console.print(Text("basis: the ranks' Python stacks (FR shows no culprit)", style="bold"))
+    if report.stack_diagnosis is not None:
+        _stack_table(report, console)
 
     sc = report.stalled_collective
     if sc is not None:
@@ -161,6 +165,21 @@ def _finding_ranks(kind: str, ranks: list[int], blamed: list[int]) -> Text:
             out.append(f"{role} ", style="dim")
         out.append(rank_list(rs, limit=6), style="red" if role == "blamed" else "")
     return out
+
+
+def _stack_table(report: Report, console: Console) -> None:
+    diag = report.stack_diagnosis
+    assert diag is not None
+    st = Table(title="main threads, from the stacks")
+    st.add_column("rank", justify="right")
+    st.add_column("state")
+    st.add_column("where")
+    for s in diag.ranks[:MAX_LAGGING_ROWS]:
+        odd = s.rank in diag.odd_ranks
+        st.add_row(Text(str(s.rank), style="bold red" if odd else ""), s.state, s.detail)
+    if len(diag.ranks) > MAX_LAGGING_ROWS:
+        st.caption = f"... and {len(diag.ranks) - MAX_LAGGING_ROWS} more"
+    console.print(st)
 
 
 def _evidence_cells(ev: RankEvidence | None) -> list[str | Text | Group]:

@@ -19,7 +19,8 @@ Verdict = Literal["hang", "mismatch", "healthy", "no-culprit-visible", "unknown"
 # Every verdict, with what it means (docs/operations.md is generated from this).
 VERDICTS: dict[str, str] = {
     "hang": "a collective (or p2p op) some members never entered: the lagging ranks are "
-    "the ones everybody waits on",
+    "the ones everybody waits on; with basis `stacks`, FR showed no culprit and the ranks' "
+    "Python stacks did (the odd ones out, or a p2p deadlock's cycle)",
     "mismatch": "members entered the same collective seq with a different op, sizes or dtypes: "
     "the lagging ranks are the odd ones out; the stalled collective is what the majority called",
     "healthy": "nothing stalled in the dumps: every collective in flight was entered by all of "
@@ -58,6 +59,8 @@ class FindingKind(StrEnum):
     MEMBERSHIP_UNKNOWN = "membership-unknown"
     OUTSIDE_SELECTION = "outside-selection"
     THREAD_EXCEPTION = "thread-exception"
+    STACK_ODD_ONE_OUT = "stack-odd-one-out"
+    P2P_DEADLOCK = "p2p-deadlock"
 
 
 FINDING_KINDS: dict[FindingKind, str] = {
@@ -93,6 +96,10 @@ FINDING_KINDS: dict[FindingKind, str] = {
     "with ranks whose dumps --selected-ranks left out: whether they wait on them is unknown",
     FindingKind.THREAD_EXCEPTION: "a thread of the rank died of an uncaught exception (the "
     "hook saw it) before the dump: often why its main thread waits, e.g. on a dead data loader",
+    FindingKind.STACK_ODD_ONE_OUT: "from its Python stacks (FR showed no culprit): the rank is "
+    "not blocked in communication while the others are, or it is the one they wait on in p2p",
+    FindingKind.P2P_DEADLOCK: "from the stacks' p2p peer arguments (FR showed no culprit): "
+    "these ranks wait in send/recv on each other",
 }
 
 
@@ -204,6 +211,38 @@ class WaitEdge:
     seq: int
 
 
+class StackState(StrEnum):
+    """What a rank's main thread is doing, read from its Python stacks (analyzer/stackdiag.py)."""
+
+    P2P = "p2p"  # blocked in a send/recv (or a wait on one) in torch.distributed
+    COLLECTIVE = "collective"  # inside another torch.distributed call
+    DATA_LOADER = "data-loader"  # waiting on torch's DataLoader
+    COMPUTE = "compute"  # running Python (py-spy saw the thread active)
+    SLEEPING = "sleeping"  # idle outside torch.distributed: sleep, a lock, an event, a queue
+    PYTHON = "python"  # in Python code; the stack format cannot tell running from blocked
+    GIL_HELD = "gil-held"  # the rank's Python handlers did not answer: the GIL is held
+    NO_STACKS = "no-stacks"  # no stacks could be read
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankStack:
+    rank: int
+    state: str  # a StackState
+    frames: list[str] = field(default_factory=list)  # main thread, innermost first
+    detail: str = ""  # e.g. "recv from rank 1 (distributed_c10d.py:2799)"
+    peer: int | None = None  # p2p: the global rank it waits on, when the stack names it
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackDiagnosis:
+    """The diagnosis from every rank's stacks, made where FR shows no culprit."""
+
+    ranks: list[RankStack] = field(default_factory=list)  # capped (stackdiag.MAX_RANK_STACKS)
+    odd_ranks: list[int] = field(default_factory=list)  # the ones the others wait on
+    cycles: list[list[int]] = field(default_factory=list)  # p2p deadlocks from the peers
+    summary: str = ""
+
+
 @dataclass(kw_only=True)
 class Report:
     verdict: Verdict
@@ -227,6 +266,10 @@ class Report:
     roots: list[int] = field(default_factory=list)
     cycles: list[list[int]] = field(default_factory=list)
     evidence: dict[int, RankEvidence] = field(default_factory=dict)
+    # What the verdict rests on: "fr", or "stacks" where FR showed no culprit
+    # and the ranks' Python stacks named one (stack_diagnosis says how).
+    basis: str = "fr"
+    stack_diagnosis: StackDiagnosis | None = None
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,7 +322,20 @@ class Report:
             roots=[int(r) for r in d.get("roots") or []],
             cycles=[[int(r) for r in c] for c in d.get("cycles") or []],
             evidence=ev,
+            basis=str(d.get("basis") or "fr"),
+            stack_diagnosis=_stack_diagnosis(d.get("stack_diagnosis")),
         )
+
+
+def _stack_diagnosis(d: dict[str, Any] | None) -> StackDiagnosis | None:
+    if not d:
+        return None
+    return StackDiagnosis(
+        ranks=[RankStack(**r) for r in d.get("ranks") or []],
+        odd_ranks=[int(r) for r in d.get("odd_ranks") or []],
+        cycles=[[int(r) for r in c] for c in d.get("cycles") or []],
+        summary=str(d.get("summary") or ""),
+    )
 
 
 if __name__ == "__main__":  # python -m hangwatch.analyzer.report: the docs' list

@@ -407,7 +407,7 @@ def _print_human(out: dict[str, Any], incident: dict[str, Any], dashboard: str |
 
 _REPORT_KEYS = (
     "schema", "verdict", "summary", "stalled_collective", "lagging_ranks", "findings", "ranks_loaded",
-    "ranks_missing", "errors", "groups", "waits_for", "evidence",
+    "ranks_missing", "errors", "groups", "waits_for", "evidence", "basis", "stack_diagnosis",
 )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ from hangwatch.formats.rankinfo import (
     RankInfo,
     Recorder,
 )
-from hangwatch.formats.rankmeta import MAX_RANKMETA_BYTES, RANKMETA, RankMeta
+from hangwatch.formats.rankmeta import MAX_RANKMETA_BYTES, PEER_STACKS_KEY, RANKMETA, RankMeta
 from hangwatch.formats.serverinfo import SERVER_INFO, ServerInfo
 
 # What the hook's status handler answers on the rank's socket: one
@@ -96,6 +96,7 @@ __all__ = [
     "MAX_RANKMETA_BYTES",
     "MAX_RANKS",
     "META_FILE",
+    "PEER_STACKS_KEY",
     "RANKINFO",
     "RANKMETA",
     "SERVER_FILE",

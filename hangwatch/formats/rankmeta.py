@@ -23,6 +23,8 @@ from hangwatch.formats import checks as c
 from hangwatch.formats.rankinfo import GroupInfo, Recorder, groups_from_json, recorders_from_json
 
 RANKMETA = "hangwatch.rankmeta/1"
+# RankMeta.peer_stacks in meta.json.
+PEER_STACKS_KEY = "peer_stacks"
 # A 4,096-member non-strided group in every one of hundreds of groups is
 # still far below this; a file above it is not ours.
 MAX_RANKMETA_BYTES = 16 * 1024**2
@@ -59,6 +61,9 @@ class RankMeta:
     # Uncaught exceptions the hook saw in the rank's threads, oldest first:
     # "thread <name>: <type>: <message>" (agent-written; absent: none seen).
     exceptions: tuple[str, ...] = ()
+    # `py-spy dump --locals` cut to thread headers, frames and torch.distributed's
+    # p2p peer arguments (hangwatch.agent.stackargs); agent-written, absent: not taken.
+    peer_stacks: str | None = None
 
     SCHEMA: ClassVar[str] = RANKMETA
 
@@ -82,6 +87,8 @@ class RankMeta:
             d["last_report_age_s"] = self.last_report_age_s
         if self.exceptions:
             d["exceptions"] = list(self.exceptions)
+        if self.peer_stacks is not None:
+            d[PEER_STACKS_KEY] = self.peer_stacks
         return d
 
     def to_bytes(self, *, pretty: bool = False) -> bytes:
@@ -107,6 +114,7 @@ class RankMeta:
             gpu=c.opt_object(d, "gpu", s),
             errors=c.str_map(d, "errors", s),
             stacks=c.opt_str(d, "stacks", s, None),
+            peer_stacks=c.opt_str(d, PEER_STACKS_KEY, s, None),
             last_report_age_s=c.opt_float(d, "last_report_age_s", s, None),
             exceptions=tuple(c.str_list(d, "exceptions", s)),
         )

@@ -81,7 +81,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="Healthy steps before the fault (default: the scenario's own).",
     )
     p.add_argument(
-        "--step-time", type=float, default=0.005, help="Seconds of fake compute per step."
+        "--step-time",
+        type=float,
+        default=None,
+        help="Seconds of fake compute per step (default: the scenario's own).",
     )
     p.add_argument("--status-file", type=Path, default=None)
     p.add_argument(
@@ -233,7 +236,7 @@ class _Job:
 
     def step(self, step: int) -> None:
         self.extra_group_ops(step)
-        time.sleep(self.ns.step_time)
+        time.sleep(self.scenario.step_time if self.ns.step_time is None else self.ns.step_time)
         self.default_group_ops(step)
 
 

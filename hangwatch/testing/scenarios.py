@@ -123,6 +123,8 @@ class Scenario:
     fr_visible: bool = True
     in_flight: InFlightFn = _nothing_in_flight
     default_steps: int = 3
+    # Seconds of fake compute per healthy step.
+    step_time: float = 0.005
     fr_buffer_size: int = DEFAULT_FR_BUFFER
     # The verdict where torch's FlightRecorderHook records the job (torch 2.15's
     # default NCCL; the hwstore test backend), if it differs: such a recorder
@@ -316,7 +318,9 @@ _SCENARIOS = (
         name="p2p",
         description="Ranks 0 and 1 both recv from each other first (a p2p deadlock); the "
         "others recv from 0 or 1. Gloo records no send/recv in FR, so every dump shows all "
-        "collectives completed: the culprit is not visible in FR, only in the stacks. "
+        "collectives completed: the culprit is not visible in FR, only in the stacks (the "
+        "coordinator's no-progress rule opens the incident; the recv's src argument, which "
+        "the agent's py-spy --locals reads, names the cycle). "
         "(A hook-recorded backend does record the send/recv, but the analyzer's p2p "
         "matching counts sequence numbers and cannot yet pair a recv-recv cycle.)",
         min_world=2,
@@ -324,6 +328,10 @@ _SCENARIOS = (
         guilty=lambda world: (0, 1),
         stalled_group=None,
         fr_visible=False,
+        # The coordinator pages an FR-blind hang only after the job made
+        # steady progress (detector.STEADY_MOVES moves): ~3 s of training.
+        default_steps=10,
+        step_time=0.3,
     ),
     Scenario(
         name="healthy",

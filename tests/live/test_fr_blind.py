@@ -1,0 +1,167 @@
+"""Hangs FR cannot see, live: a real coordinator, agent and job under `hangwatch run`.
+
+The pipeline job (tests/live/pipeline_job.py, three gloo stages with
+hand-written send/recv) trains for a few seconds, then its middle stage
+stalls in Python. Gloo records no send/recv, and nobody reaches the step's
+all_reduce, so no counter moves and no collective is in flight: only the
+coordinator's no-progress rule can open the incident, and only the stacks
+can name the stage. Expectations come from the job's plan (which stage
+stalls, and how), never from the analyzer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangwatch import env
+from tests.hardening.util import wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+STALL_TIMEOUT = 3.0
+JOB = Path(__file__).with_name("pipeline_job.py")
+WORLD = 3
+MIDDLE = 1
+
+
+def _start_job(
+    tmp: Path, coord: CoordinatorProc, job_id: str, **plan: str
+) -> subprocess.Popen[bytes]:
+    run = tmp / "run"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("HANGWATCH_", "PIPE_"))}
+    environ.update({f"PIPE_{k.upper()}": v for k, v in plan.items()})
+    environ["PIPE_MARK_DIR"] = str(tmp)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [
+        sys.executable, "-m", "hangwatch", "run", "--run-dir", str(run), "--job-id", job_id,
+        "--coordinator", coord.grpc, "--",
+        *torchrun, "--nproc-per-node", str(WORLD), "--max-restarts", "0", str(JOB),
+    ]  # fmt: skip
+    with (tmp / "job.log").open("wb") as log:
+        # A session of its own: torchrun's workers are killed with it.
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True
+        )
+
+
+def _kill(job: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+
+
+def _stalled_at(tmp: Path) -> float | None:
+    p = tmp / "stalled"
+    return float(p.read_text().split()[0]) if p.is_file() else None
+
+
+def _analysed(coord: CoordinatorProc, job_id: str) -> dict[str, Any] | None:
+    rows = coord.api(f"/api/incidents?job={job_id}")
+    done = [r for r in rows if r["status"] in ("analyzed", "resolved", "ended", "failed")]
+    return coord.api(f"/api/incidents/{done[0]['id']}") if done else None
+
+
+def _check_middle_stage_named(inc: dict[str, Any], state: str) -> None:
+    assert inc["trigger"] == "no-progress", inc["reason"]
+    rep = inc["report"]
+    assert rep["basis"] == "stacks", rep["summary"]
+    assert rep["verdict"] == "hang" and rep["lagging_ranks"] == [MIDDLE], rep["summary"]
+    assert rep["summary"].startswith("From the stacks, not FR"), rep["summary"]
+    rows = {r["rank"]: r for r in rep["stack_diagnosis"]["ranks"]}
+    assert rows[MIDDLE]["state"] == state, rows
+    assert "stall" in rows[MIDDLE]["detail"], rows[MIDDLE]
+    # The end stages wait on it in p2p, and their stacks name it as the peer.
+    for r in (0, 2):
+        assert (rows[r]["state"], rows[r]["peer"]) == ("p2p", MIDDLE), rows[r]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how,state", [("sleep", "sleeping"), ("spin", "compute")])
+def test_a_stalled_pipeline_stage_is_named_from_its_stack(
+    tmp_path: Path, how: str, state: str
+) -> None:
+    job_id = f"pipe-{how}"
+    with CoordinatorProc(tmp_path / "data", stall_timeout=STALL_TIMEOUT) as coord:
+        agent = AgentProc(
+            coordinator=coord.grpc, run_dir=tmp_path / "run", job_id=job_id, node_id="n0",
+            log_path=tmp_path / "agent.log",
+        )  # fmt: skip
+        agent.start()
+        job = _start_job(tmp_path, coord, job_id, stall_after="4", stall_how=how)
+        try:
+            t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+            inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+            _check_middle_stage_named(inc, state)
+            # Named within the stall timeout plus 10 s of the stall (wall clock, one host).
+            assert inc["created"] - t0 <= STALL_TIMEOUT + 10, (inc["created"], t0)
+            assert inc["updated"] - t0 <= STALL_TIMEOUT + 10, (inc["updated"], t0)
+            agent.check()
+        finally:
+            _kill(job)
+            agent.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_quiet_period_that_ends_is_resolved_and_the_job_finishes(tmp_path: Path) -> None:
+    job_id = "pipe-transient"
+    with CoordinatorProc(tmp_path / "data", stall_timeout=STALL_TIMEOUT) as coord:
+        agent = AgentProc(
+            coordinator=coord.grpc, run_dir=tmp_path / "run", job_id=job_id, node_id="n0",
+            log_path=tmp_path / "agent.log",
+        )  # fmt: skip
+        agent.start()
+        # 8 s of sleep in the middle stage, then it trains on and the job exits 0.
+        job = _start_job(
+            tmp_path, coord, job_id, stall_after="4", stall_for="8", steps="150", step_s="0.03"
+        )
+        try:
+            wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+            inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+            _check_middle_stage_named(inc, "sleeping")
+            assert job.wait(60) == 0, (tmp_path / "job.log").read_text()[-3000:]
+            done = wait_for(
+                lambda: (
+                    (d := coord.api(f"/api/incidents/{inc['id']}"))["status"] == "resolved" and d
+                ),
+                20,
+                "the incident to resolve",
+            )
+            assert done["transient"], done
+            assert 8 - 1 <= done["stall_s"] <= 8 + STALL_TIMEOUT, done["stall_s"]
+            assert done["late_ranks"] == [MIDDLE], done
+            assert len(coord.api(f"/api/incidents?job={job_id}")) == 1
+            agent.check()
+        finally:
+            _kill(job)
+            agent.stop()
+
+
+@pytest.mark.timeout(150)
+def test_the_p2p_demo_names_the_recv_recv_cycle(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
+    r = subprocess.run(
+        [sys.executable, "-m", "hangwatch", "demo", "--scenario", "p2p", "--ranks", "4",
+         "--json", "--timeout", "60"],
+        capture_output=True, text=True, timeout=120, env=environ,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout)
+    assert (out["verdict"], out["basis"], out["lagging_ranks"]) == ("hang", "stacks", [0, 1])
+    diag = out["stack_diagnosis"]
+    assert diag["cycles"] == [[0, 1]], diag
+    peers = {row["rank"]: (row["state"], row["peer"]) for row in diag["ranks"]}
+    assert peers == {0: ("p2p", 1), 1: ("p2p", 0), 2: ("p2p", 0), 3: ("p2p", 1)}
+    assert "ranks 0,1 deadlock in p2p" in out["summary"], out["summary"]
+    # Seconds after the fault, not the demo's 60 s timeout.
+    assert out["detection_s"] < out["stall_timeout_s"] + 10, out
