@@ -27,6 +27,9 @@ VERDICT_TEXT = {
     "unknown": "Unknown: the flight recorder cannot tell (see the findings)",
 }
 
+# A verdict the ranks' stacks made where FR showed no culprit (Report.basis).
+STACKS_BASIS = ", from the Python stacks (the flight recorder shows no culprit)"
+
 
 @dataclass(frozen=True, kw_only=True)
 class IncidentInfo:
@@ -167,7 +170,8 @@ def build(report: Report, info: IncidentInfo | None = None) -> IncidentView:
     return IncidentView(
         report=report,
         info=info,
-        verdict_label=VERDICT_TEXT.get(report.verdict, report.verdict),
+        verdict_label=VERDICT_TEXT.get(report.verdict, report.verdict)
+        + (STACKS_BASIS if report.basis == "stacks" else ""),
         lagging=lagging,
         other_stacks=other,
         unreachable=[Unreachable(rank=r, reason=unreachable[r]) for r in sorted(unreachable)],
