@@ -284,12 +284,13 @@ def collect_rank(
         files[formats.STACKS_FILE] = stacks.encode()
     # Which peer a rank blocked in send/recv waits on, and whether each thread
     # is idle or running: only py-spy says (measured: ~40 ms a rank), and only
-    # the peer arguments of its --locals are kept (agent.stackargs). Without
-    # pausing the rank: a blocked thread's arguments do not change under it.
+    # the peer arguments of its --locals are kept (agent.stackargs). It pauses
+    # the rank for that long: measured, --nonblocking can pin another thread's
+    # frames (an import in a handler thread) on the main thread of a busy rank.
     peer_stacks = ""
     if alive or stopped:
         try:
-            peer_stacks = stackargs.keep_peer_args(_pyspy(pyspy, t.pid, True, with_locals=True))
+            peer_stacks = stackargs.keep_peer_args(_pyspy(pyspy, t.pid, stopped, with_locals=True))
         except RuntimeError as e:
             errors["peer_stacks"] = f"py-spy --locals: {e}"
     for fr_name in fr_names if tail_context > 0 else []:

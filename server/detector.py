@@ -125,7 +125,7 @@ def find_group_stall(
 # evaluation or a checkpoint, is not paged for its own rhythm once it has
 # shown it; its start-up, before it was steady, sets no rhythm).
 
-STEADY_MOVES: Final = 3
+STEADY_MOVES: Final = 5
 QUIET_GAP_FACTOR: Final = 2.0
 
 

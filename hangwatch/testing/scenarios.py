@@ -329,8 +329,8 @@ _SCENARIOS = (
         stalled_group=None,
         fr_visible=False,
         # The coordinator pages an FR-blind hang only after the job made
-        # steady progress (detector.STEADY_MOVES moves): ~3 s of training.
-        default_steps=10,
+        # steady progress (detector.STEADY_MOVES moves): ~5 s of training.
+        default_steps=16,
         step_time=0.3,
     ),
     Scenario(

@@ -42,7 +42,7 @@ def _quiet_for(env: Env, seconds: float, seq: int) -> None:
 
 @pytest.mark.timeout(20)
 def test_a_steady_job_that_stops_outside_any_collective_opens_one_incident(env: Env) -> None:
-    seq = _train(env, 6)
+    seq = _train(env, STEADY_MOVES + 1)
     _quiet_for(env, STALL - 1, seq)
     assert env.store.list_incidents() == []  # not yet: quiet for less than the stall timeout
     _quiet_for(env, 1, seq)
@@ -89,7 +89,7 @@ def test_fewer_moves_than_steady_is_not_progress_enough(env: Env) -> None:
 
 @pytest.mark.timeout(20)
 def test_a_quiet_period_that_ends_resolves_the_incident(env: Env) -> None:
-    seq = _train(env, 6)
+    seq = _train(env, STEADY_MOVES + 1)
     _quiet_for(env, STALL, seq)
     row = env.only_incident()
     env.a.answer(env.manager, row.id)
@@ -108,7 +108,7 @@ def test_a_quiet_period_that_ends_resolves_the_incident(env: Env) -> None:
 @pytest.mark.timeout(20)
 def test_a_job_with_a_long_pause_in_its_rhythm_is_judged_by_that_rhythm(env: Env) -> None:
     # Steps every 0.5 s, then an 8 s evaluation (shorter than the timeout), steps again.
-    seq = _train(env, 4)
+    seq = _train(env, STEADY_MOVES)
     seq = _train(env, 1, start=seq, every=8.0)
     seq = _train(env, 4, start=seq)
     # Quiet for 1.5x the stall timeout: below twice the job's own 8 s pause.
@@ -120,7 +120,7 @@ def test_a_job_with_a_long_pause_in_its_rhythm_is_judged_by_that_rhythm(env: Env
 
 @pytest.mark.timeout(20)
 def test_a_collective_in_flight_is_the_stall_rule_s_not_this_one(env: Env) -> None:
-    seq = _train(env, 6)
+    seq = _train(env, STEADY_MOVES + 1)
     # Every rank inside the next collective (a long, healthy all_reduce): no incident at all.
     for _ in range(3 * int(STALL)):
         env.clock.advance(1.0)
@@ -132,7 +132,7 @@ def test_a_collective_in_flight_is_the_stall_rule_s_not_this_one(env: Env) -> No
 
 @pytest.mark.timeout(20)
 def test_a_job_whose_ranks_exited_is_over_not_quiet(env: Env) -> None:
-    seq = _train(env, 6)
+    seq = _train(env, STEADY_MOVES + 1)
     for node, ranks in ((env.a, [0, 1]), (env.b, [2, 3])):
         gone = [
             pb.RankProgress(
@@ -167,7 +167,7 @@ def _rule(
 
 def test_the_rule_itself() -> None:
     q = _rule(quiet_for_s=5.0)
-    assert q is not None and (q.threshold_s, q.ranks, q.moves) == (5.0, [0, 1, 2, 3], 3)
+    assert q is not None and (q.threshold_s, q.ranks, q.moves) == (5.0, [0, 1, 2, 3], STEADY_MOVES)
     assert _rule(quiet_for_s=4.9) is None
     assert _rule(moves=STEADY_MOVES - 1, quiet_for_s=60.0) is None
     assert _rule(longest_gap_s=4.0, quiet_for_s=7.9) is None

@@ -2,7 +2,7 @@
 
 Each case is a real process put in a known state (the plan below is the
 ground truth); its stack is taken the way the agent takes it (`py-spy dump
---locals --nonblocking`, cut down by `hangwatch.agent.stackargs.keep_peer_args`) and
+--locals`, cut down by `hangwatch.agent.stackargs.keep_peer_args`) and
 written to DIR/<case>.txt. The p2p cases are the hang zoo's p2p scenario
 (real gloo ranks): ranks 0 and 1 recv from each other, 2 and 3 from 0 and 1.
 """
@@ -42,7 +42,7 @@ PROGRAMS = {
 def pyspy_peer_stacks(pid: int) -> str:
     exe = Path(sys.executable).with_name("py-spy")
     out = subprocess.run(
-        [str(exe), "dump", "--locals", "--nonblocking", "--pid", str(pid)],
+        [str(exe), "dump", "--locals", "--pid", str(pid)],
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     return keep_peer_args(out.stdout)
