@@ -118,14 +118,16 @@ def find_group_stall(
 # collective leaves every counter where it was: no group ever shows a member
 # in flight, so `find_group_stall` sees nothing. What is left is the job as a
 # whole going quiet. That is only a symptom when the job was making steady
-# progress: its counters moved in at least STEADY_MOVES reports (a rank's
-# first numbers are its baseline, not a move), and the quiet period outlasts
+# progress: its counters moved at STEADY_MOVES moments at least
+# MOVE_SPACING_S apart (a rank's first numbers are its baseline, not a move), and the quiet period outlasts
 # both the stall timeout and QUIET_GAP_FACTOR times the longest gap between
 # two moves since it became steady (a job with a long periodic pause, an
 # evaluation or a checkpoint, is not paged for its own rhythm once it has
 # shown it; its start-up, before it was steady, sets no rhythm).
 
 STEADY_MOVES: Final = 5
+# Moves closer together than this are one: every node reports the same step.
+MOVE_SPACING_S: Final = 0.2
 QUIET_GAP_FACTOR: Final = 2.0
 
 

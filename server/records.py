@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch.server.commands import Mailbox
-from hangwatch.server.detector import STEADY_MOVES
+from hangwatch.server.detector import MOVE_SPACING_S, STEADY_MOVES
 
 from hangwatch.wire import pb, process_state_name
 
@@ -108,6 +108,8 @@ class JobRecord:
     longest_gap_s: float = 0.0
 
     def note_move(self, now: float) -> None:
+        if self.progress_moves and now - self.last_move < MOVE_SPACING_S:
+            return  # another node's report of the same moment, not another move
         # Gaps before the job became steady are its start-up (loading data,
         # building the model), not its rhythm.
         if self.progress_moves >= STEADY_MOVES:

@@ -21,7 +21,8 @@ STEP = 0.5  # seconds between two reports of a training job
 
 
 def _train(env: Env, steps: int, *, start: int = 0, every: float = STEP) -> int:
-    """Every rank completes one collective per report (nothing left in flight)."""
+    """Every rank completes one collective per report (nothing left in flight); both
+    nodes report each step at the same moment: one move (the first report is a baseline)."""
     seq = start
     for _ in range(steps):
         env.clock.advance(every)
@@ -78,7 +79,7 @@ def test_a_job_whose_counters_never_moved_is_not_paged(env: Env) -> None:
 @pytest.mark.timeout(20)
 def test_fewer_moves_than_steady_is_not_progress_enough(env: Env) -> None:
     # An init barrier and one more collective, then a long data load.
-    seq = _train(env, STEADY_MOVES - 1)
+    seq = _train(env, STEADY_MOVES)  # a baseline and STEADY_MOVES - 1 moves
     _quiet_for(env, 5 * STALL, seq)
     assert env.store.list_incidents() == []
     # Training starts: now it is steady, and a stop after that is paged.
@@ -108,7 +109,7 @@ def test_a_quiet_period_that_ends_resolves_the_incident(env: Env) -> None:
 @pytest.mark.timeout(20)
 def test_a_job_with_a_long_pause_in_its_rhythm_is_judged_by_that_rhythm(env: Env) -> None:
     # Steps every 0.5 s, then an 8 s evaluation (shorter than the timeout), steps again.
-    seq = _train(env, STEADY_MOVES)
+    seq = _train(env, STEADY_MOVES + 1)
     seq = _train(env, 1, start=seq, every=8.0)
     seq = _train(env, 4, start=seq)
     # Quiet for 1.5x the stall timeout: below twice the job's own 8 s pause.
