@@ -31,6 +31,8 @@ class RankGroupRecord:
     in_flight_op: str = ""
     in_flight_age_s: float | None = None
     reported_at: float = 0.0
+    # False until its first report: the numbers a rank starts from are not a move.
+    reported: bool = False
     # The two counts in collective numbering (GroupProgress.collectives_*):
     # the same unless the group's pg_status also counts p2p ops, None there
     # while the agent cannot tell. Lag and stalls compare these across ranks.
@@ -42,8 +44,7 @@ class RankGroupRecord:
         if self.coll_enqueued is None or self.coll_completed is None:
             return None
         return self.coll_enqueued, self.coll_completed
-    # False until its first report: the numbers a rank starts from are not a move.
-    reported: bool = False
+
 
 
 @dataclass

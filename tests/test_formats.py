@@ -387,6 +387,7 @@ def test_reason_codes_keep_the_text_earlier_releases_wrote() -> None:
     """Stored incidents, bundles and the store hold these exact strings."""
     assert [str(t) for t in TriggerKind] == [
         "stall", "watchdog", "timeout", "rank-lost", "agent-lost", "backend-unhealthy", "crash",
+        "no-progress",
     ]  # fmt: skip
     assert [str(k) for k in HookEventKind] == [
         "collective-timeout", "uncaught-exception", "backend-abort",

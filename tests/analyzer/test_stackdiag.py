@@ -18,14 +18,15 @@ from hangwatch.analyzer.report import Report, StackState
 from hangwatch.analyzer.stackdiag import PREFIX, classify, diagnose_stacks
 
 from hangwatch import formats
+from hangwatch.formats import RankMeta
 
 HERE = Path(__file__).resolve().parent
 STACKS = HERE / "stacks"
 GOLDEN_P2P = HERE.parent / "golden" / "p2p"
 
 
-def _peer_meta(case: str, **extra: Any) -> dict[str, Any]:
-    return {formats.PEER_STACKS_KEY: (STACKS / f"{case}.txt").read_text(), **extra}
+def _peer_meta(case: str, **extra: Any) -> RankMeta:
+    return RankMeta(rank=0, peer_stacks=(STACKS / f"{case}.txt").read_text(), **extra)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,11 @@ def test_a_stalled_pipeline_stage_is_the_one_its_neighbours_wait_on() -> None:
 
 def test_without_peers_the_ranks_not_blocked_are_the_odd_ones_out() -> None:
     golden = (GOLDEN_P2P / "rank_2" / "stacks.txt").read_text()  # dump_traceback: no arguments
-    metas = {0: {"stacks": golden}, 1: _peer_meta("data-loader"), 2: {"stacks": golden}}
+    metas = {
+        0: RankMeta(rank=0, stacks=golden),
+        1: _peer_meta("data-loader"),
+        2: RankMeta(rank=2, stacks=golden),
+    }
     diag = diagnose_stacks(metas)
     assert diag is not None and diag.odd_ranks == [1]
     assert classify(0, metas[0]).peer is None
@@ -82,7 +87,7 @@ def test_a_gil_holder_is_named_from_the_agent_s_note() -> None:
     note = {"stacks": "Python handlers not answering (GIL held?): used py-spy"}
     row = classify(3, _peer_meta("sleeping", errors=note))
     assert row.state == StackState.GIL_HELD
-    assert classify(3, {"errors": note}).state == StackState.GIL_HELD
+    assert classify(3, RankMeta(rank=3, errors=note)).state == StackState.GIL_HELD
 
 
 def test_nobody_is_blamed_when_every_rank_is_blocked_and_no_peer_is_known() -> None:
