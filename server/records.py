@@ -46,7 +46,6 @@ class RankGroupRecord:
         return self.coll_enqueued, self.coll_completed
 
 
-
 @dataclass
 class RankRecord:
     rank: int
