@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import subprocess
 import sys
 import time
@@ -24,7 +25,10 @@ __all__ = [
     "GOLDEN_DIR",
     "REPO_ROOT",
     "absolute_imports",
+    "conformance_incident",
+    "fault_ranks",
     "free_port",
+    "golden_report",
     "module_output",
     "observed_verdict",
     "skip_unless_backend",
@@ -105,3 +109,32 @@ def module_output(module: str) -> str:
         check=True,
         timeout=25,
     ).stdout
+
+
+def golden_report(name: str) -> Any:
+    """The analyzer's report on golden set `name`, at the world size its manifest gives."""
+    from hangwatch.analyzer import analyze_path
+
+    world = json.loads((GOLDEN_DIR / name / "manifest.json").read_text())["world_size"]
+    return analyze_path(GOLDEN_DIR / name, world_size=world)
+
+
+def conformance_incident(name: str) -> Path:
+    """The real NCCL incident `name`, or a skip naming where it comes from."""
+    import pytest
+
+    d = CONFORMANCE_DIR / name
+    if not d.is_dir():
+        pytest.skip(
+            f"incident {name} not present at {d} (nvidia-resiliency-ext "
+            f"tests/attribution/unit/fr_traces/{name})"
+        )
+    return d
+
+
+def fault_ranks(incident: Path) -> set[int]:
+    """The ground truth of a conformance incident: its fault_injection.log's ranks."""
+    for line in (incident / "fault_injection.log").read_text().splitlines():
+        if line.startswith("Fault ranks:"):
+            return {int(x) for x in line.split(":", 1)[1].strip(" []").split(",")}
+    raise AssertionError(f"no ground truth in {incident}")

@@ -10,12 +10,12 @@ stage's collectives sit queued behind its own pending p2p work (stream order).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hangwatch.analyzer import analyze_path, load_dumps
+from helpers import CONFORMANCE_DIR as CONFORMANCE
+from helpers import conformance_incident as _incident
+from helpers import fault_ranks as _truth
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "nvrx"
 INCIDENTS = ["gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd"]
 
 pytestmark = [
@@ -24,23 +24,6 @@ pytestmark = [
         not CONFORMANCE.is_dir(), reason=f"conformance data not present at {CONFORMANCE}"
     ),
 ]
-
-
-def _incident(name: str) -> Path:
-    d = CONFORMANCE / name
-    if not d.is_dir():
-        pytest.skip(
-            f"incident {name} not present at {d} (nvidia-resiliency-ext "
-            f"tests/attribution/unit/fr_traces/{name})"
-        )
-    return d
-
-
-def _truth(incident: Path) -> set[int]:
-    for line in (incident / "fault_injection.log").read_text().splitlines():
-        if line.startswith("Fault ranks:"):
-            return {int(x) for x in line.split(":", 1)[1].strip(" []").split(",")}
-    raise AssertionError(f"no ground truth in {incident}")
 
 
 CULPRIT_KINDS = {

@@ -8,7 +8,6 @@ person, groups in numeric order, culprits told apart from their waiters.
 from __future__ import annotations
 
 import io
-import json
 import re
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from hangwatch.analyzer import analyze_path
 from hangwatch.analyzer.render import FR_FRAME_LINES, STACK_EXCERPT_LINES, render
 from hangwatch.analyzer.report import Report
 from hangwatch.analyzer.text import finding_roles, group_sort_key
-from helpers import CONFORMANCE_DIR, GOLDEN_DIR
+from helpers import CONFORMANCE_DIR, GOLDEN_DIR, conformance_incident, golden_report
 from rich.console import Console
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,15 +29,8 @@ GPU_ERROR = CONFORMANCE_DIR / "gpu_error_2nd"
 _SENTINEL = re.compile(r"(?<![\w-])-1\b")
 
 
-def _golden(name: str) -> Report:
-    world = json.loads((GOLDEN_DIR / name / "manifest.json").read_text())["world_size"]
-    return analyze_path(GOLDEN_DIR / name, world_size=world)
-
-
 def _nvrx() -> Report:
-    if not GPU_ERROR.is_dir():
-        pytest.skip(f"conformance dumps absent: {GPU_ERROR} not found")
-    return analyze_path(GPU_ERROR)
+    return analyze_path(conformance_incident(GPU_ERROR.name))
 
 
 def _text(report: Report, width: int = 80) -> str:
@@ -54,7 +46,7 @@ def test_group_sort_key_is_numeric_then_names() -> None:
 
 @pytest.mark.parametrize("name", GOLDEN)
 def test_golden_reports_fit_80_columns_without_sentinels(name: str) -> None:
-    report = _golden(name)
+    report = golden_report(name)
     text = _text(report)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert not _SENTINEL.search(text), text
@@ -64,7 +56,7 @@ def test_golden_reports_fit_80_columns_without_sentinels(name: str) -> None:
 def test_lagging_rows_are_bounded_at_80_columns() -> None:
     # Two ranks stuck in Python, each with a deep stack: before, each row
     # wrapped its stack excerpt over about 20 lines.
-    report = _golden("two")
+    report = golden_report("two")
     assert len(report.lagging_ranks) == 2
     assert all(report.evidence[r].stacks for r in report.lagging_ranks)
     text = _text(report)

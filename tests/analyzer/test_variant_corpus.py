@@ -30,8 +30,9 @@ from fr_dumps import SimJob
 from hangwatch.analyzer import analyze_path, load_dumps
 from hangwatch.analyzer.report import Report
 from helpers import GOLDEN_DIR
+from helpers import conformance_incident as _incident
+from helpers import fault_ranks as _truth
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "nvrx"
 INCIDENTS = ["gpu_error_1st", "gpu_error_2nd", "lock_gil_1st", "lock_gil_2nd"]
 WORLD = 4
 NVRX_INNOCENT = 3  # a first-stage rank, faulty in none of the incidents
@@ -284,20 +285,6 @@ def _sim_cases() -> list[Case]:
 
 
 # ---------- conformance variants (real NCCL) ----------
-
-
-def _incident(name: str) -> Path:
-    d = CONFORMANCE / name
-    if not d.is_dir():
-        pytest.skip(f"conformance incident not present at {d}")
-    return d
-
-
-def _truth(d: Path) -> set[int]:
-    for line in (d / "fault_injection.log").read_text().splitlines():
-        if line.startswith("Fault ranks:"):
-            return {int(x) for x in line.split(":", 1)[1].strip(" []").split(",")}
-    raise AssertionError(f"no ground truth in {d}")
 
 
 def _lazy(name: str, make: Callable[[Path], Callable[[Path], Path]]) -> Callable[[Path], Path]:

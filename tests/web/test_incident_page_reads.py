@@ -8,7 +8,6 @@ order, reachability is claimed only for live incidents.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -17,7 +16,7 @@ from hangwatch.analyzer.report import Report
 from hangwatch.analyzer.text import group_sort_key
 from hangwatch.server.web import incident_view, timeline
 from hangwatch.server.web.offline import render_incident_html
-from helpers import CONFORMANCE_DIR, GOLDEN_DIR
+from helpers import CONFORMANCE_DIR, GOLDEN_DIR, conformance_incident, golden_report
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,15 +24,8 @@ GOLDEN = sorted(p.name for p in GOLDEN_DIR.iterdir() if (p / "manifest.json").is
 GPU_ERROR = CONFORMANCE_DIR / "gpu_error_2nd"
 
 
-def _golden(name: str) -> Report:
-    world = json.loads((GOLDEN_DIR / name / "manifest.json").read_text())["world_size"]
-    return analyze_path(GOLDEN_DIR / name, world_size=world)
-
-
 def _nvrx() -> Report:
-    if not GPU_ERROR.is_dir():
-        pytest.skip(f"conformance dumps absent: {GPU_ERROR} not found")
-    return analyze_path(GPU_ERROR)
+    return analyze_path(conformance_incident(GPU_ERROR.name))
 
 
 def _assert_charts_agree_with_the_stalled_panel(report: Report) -> None:
@@ -64,7 +56,7 @@ def test_nccl_group_charts_agree_with_the_stalled_panel() -> None:
 
 @pytest.mark.parametrize("name", ["skip", "subgroup", "two", "compute", "mismatch"])
 def test_gloo_group_charts_agree_with_the_stalled_panel(name: str) -> None:
-    _assert_charts_agree_with_the_stalled_panel(_golden(name))
+    _assert_charts_agree_with_the_stalled_panel(golden_report(name))
 
 
 def _visible(html: str) -> str:
@@ -74,7 +66,7 @@ def _visible(html: str) -> str:
 
 @pytest.mark.parametrize("name", GOLDEN)
 def test_no_sentinel_or_placeholder_reaches_the_page(name: str) -> None:
-    html = _visible(render_incident_html(_golden(name), title=name))
+    html = _visible(render_incident_html(golden_report(name), title=name))
     assert "undefined" not in html
     assert not re.search(r"#-1\b|>-1<", html)
 
@@ -94,16 +86,16 @@ def test_nccl_page_groups_in_numeric_order_and_no_sentinel() -> None:
 
 
 def test_post_mortem_claims_no_reachability() -> None:
-    report = _golden("skip")
+    report = golden_report("skip")
     assert not report.ranks_missing
     html = render_incident_html(report, title="post-mortem")
     assert "Unreachable ranks" not in html and "Every rank answered" not in html
     # A rank without a dump is still listed, as just that.
-    frozen = render_incident_html(_golden("frozen"), title="post-mortem")
+    frozen = render_incident_html(golden_report("frozen"), title="post-mortem")
     assert "Ranks without a dump" in frozen and "Unreachable ranks" not in frozen
 
 
 def test_live_incident_says_every_rank_answered() -> None:
-    report = _golden("skip")
+    report = golden_report("skip")
     view = incident_view.build(report, incident_view.IncidentInfo(id="i1", job="j"))
     assert view.live and view.unreachable == []
