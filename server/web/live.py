@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from hangwatch.analyzer.text import group_desc
 from hangwatch.server.state import GroupLive, JobRegistry, JobSnapshot, RankLive
 from hangwatch.server.store import IncidentStore
 from hangwatch.server.web import schemas
-from hangwatch.server.web.fmt import age
+from hangwatch.server.web.fmt import age, seq_text
 
 from hangwatch.wire import DEAD_PROCESS_STATES
 
@@ -92,9 +93,11 @@ def tooltip(r: schemas.RankState) -> str:
         parts.append("unobserved (agent lost)")
     parts.append(f"lag {r.lag}" + (" (collectives; its p2p ops are not counted)" if r.p2p else ""))
     if r.last_completed is not None:
-        parts.append(f"last completed #{r.last_completed}")
+        parts.append(f"last completed {seq_text(r.last_completed)}")
     if r.in_flight_op:
-        parts.append(f"in flight {r.in_flight_op} #{r.in_flight_seq} for {age(r.in_flight_age_s)}")
+        parts.append(
+            f"in flight {r.in_flight_op} {seq_text(r.in_flight_seq)} for {age(r.in_flight_age_s)}"
+        )
     if r.suspect:
         parts.append("has not entered a stalled collective")
     return " | ".join(parts)
@@ -103,7 +106,8 @@ def tooltip(r: schemas.RankState) -> str:
 def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
     suspects = {r for st in snap.stalled for r in st.not_entered_ranks}
     by_name = {g.name: g for g in snap.groups}
-    descs = {g.name: g.desc for g in snap.groups}
+    # torch's "undefined" for a group nobody named reaches people as "".
+    descs = {g.name: group_desc(g.desc) for g in snap.groups}
     registered = {r.rank for r in snap.ranks}
     missing = [r for r in range(snap.world_size or 0) if r not in registered]
     return schemas.JobRanks(
@@ -117,7 +121,7 @@ def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
         groups=[
             schemas.GroupState(
                 name=g.name,
-                desc=g.desc,
+                desc=descs[g.name],
                 ranks=g.ranks,
                 max_completed=g.max_completed,
                 min_completed=g.min_completed,

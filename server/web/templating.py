@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 from hangwatch.analyzer.text import collective_text, group_desc
-from hangwatch.server.web.fmt import age, rank_ranges, when
+from hangwatch.server.web.fmt import age, rank_ranges, seq_text, when
 
 from hangwatch import __version__
 
@@ -23,10 +23,6 @@ STATIC = HERE / "static"
 
 def _ranks(ranks: list[int] | tuple[int, ...] | None, limit: int = 0) -> str:
     return rank_ranges(ranks or [], limit=limit)
-
-
-def _seq(seq: int | None) -> str:
-    return "none" if seq is None or seq < 0 else f"#{seq}"
 
 
 @functools.cache
@@ -41,7 +37,7 @@ def environment() -> jinja2.Environment:
     env.filters["ranks"] = _ranks
     env.filters["when"] = when
     env.filters["age"] = age
-    env.filters["seq"] = _seq  # FR's -1 (nothing yet) reads "none"
+    env.filters["seq"] = seq_text  # FR's -1 (nothing yet) reads "none"
     env.filters["gdesc"] = group_desc  # an unnamed group's "undefined" reads ""
     env.globals["collective"] = collective_text
     env.globals["version"] = __version__

@@ -380,3 +380,18 @@ def test_a_job_whose_ranks_are_gone_is_ended_not_live(served: Served) -> None:
         page = served.client.get(path).text
         assert 'class="badge badge-ended job-state"' in page, path
         assert "badge badge-healthy job-state" not in page, path
+
+
+def test_job_page_says_none_and_unnamed_not_raw_sentinels(served: Served) -> None:
+    # A group torch left unnamed ("undefined") where one rank has entered nothing
+    # yet: FR's -1 and torch's placeholder must not reach the page or the API.
+    harness.feed_job(
+        served.ctx.registry, job="fresh", world=2, stuck=1, seq=0, group_desc="undefined"
+    )
+    body = served.client.get("/api/jobs/fresh/ranks").json()
+    assert [g["desc"] for g in body["groups"]] == [""]
+    assert body["groups"][0]["min_completed"] == -1  # the API keeps FR's value
+    html = served.client.get("/jobs/fresh").text
+    assert "undefined" not in html
+    assert not re.search(r"#-1\b", html)
+    assert re.search(r'<td class="num">none</td>', html)

@@ -107,6 +107,9 @@
     tbody.replaceChildren(frag);
   }
 
+  // FR's -1 means "nothing yet": people read "none", never "#-1".
+  function seq(n) { return n === null || n === undefined || n < 0 ? "none" : "#" + n; }
+
   function td(child, cls) {
     const t = el("td", null, cls);
     if (child instanceof Node) t.appendChild(child); else t.textContent = String(child);
@@ -118,8 +121,8 @@
     const parts = ["rank " + r.rank, r.host, r.process_state];
     if (!r.observed) parts.push("unobserved (agent lost)");
     parts.push("lag " + r.lag + (r.p2p ? " (collectives; its p2p ops are not counted)" : ""));
-    if (r.last_completed !== null && r.last_completed !== undefined) parts.push("last completed #" + r.last_completed);
-    if (r.in_flight_op) parts.push("in flight " + r.in_flight_op + " #" + r.in_flight_seq + " for " + age(r.in_flight_age_s));
+    if (r.last_completed !== null && r.last_completed !== undefined) parts.push("last completed " + seq(r.last_completed));
+    if (r.in_flight_op) parts.push("in flight " + r.in_flight_op + " " + seq(r.in_flight_seq) + " for " + age(r.in_flight_age_s));
     if (r.suspect) parts.push("has not entered a stalled collective");
     return parts.join(" | ");
   }
@@ -172,7 +175,7 @@
       const st = document.getElementById("stalled-table");
       if (st) {
         fillBody(st, j.stalled.map((s) => [
-          td(s.group + (s.group_desc ? " " + s.group_desc : ""), "mono"), td(s.op, "mono"), td("#" + s.seq, "num"), td(s.kind),
+          td(s.group + (s.group_desc ? " " + s.group_desc : ""), "mono"), td(s.op, "mono"), td(seq(s.seq), "num"), td(s.kind),
           td(ranges(s.waiting_ranks, 4)), td(ranges(s.not_entered_ranks, 4), "bad"),
           td(s.dead_ranks.length ? ranges(s.dead_ranks, 4) : "-"), td(s.unobserved_ranks.length ? ranges(s.unobserved_ranks, 4) : "-"),
           td(age(s.stalled_for_s), "num"),
@@ -183,7 +186,7 @@
       if (gt) {
         fillBody(gt, j.groups.map((g) => [
           td(g.name, "mono"), td(g.desc, "mono"), td(ranges(g.ranks, 4) + " (" + g.ranks.length + ")"),
-          td("#" + g.min_completed, "num"), td("#" + g.max_completed, "num"), td("#" + g.max_enqueued, "num"),
+          td(seq(g.min_completed), "num"), td(seq(g.max_completed), "num"), td(seq(g.max_enqueued), "num"),
           td(age(g.no_progress_for_s), "num"),
         ]), "No groups.", 7);
       }
