@@ -160,6 +160,9 @@ def test_a_crash_opens_a_crash_incident_with_the_exception_and_dumps_the_survivo
     env.manager.tick()
     done = env.finalized(first)
     assert done.status == "analyzed" and done.ranks_unreachable == {1: "process gone"}
+    # The story starts with the crash, not with a stall the analyzer assumed.
+    assert (done.summary or "").startswith(f"Rank 1 crashed (process gone): {EXC}"), done.summary
+    assert "A stall was reported" not in (done.summary or "")
     env.clock.advance(STALL)
     env.manager.tick()
     assert len(env.store.list_incidents(job_id=JOB)) == 1
