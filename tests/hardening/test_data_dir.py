@@ -16,6 +16,8 @@ the fault hits exactly the files that carry the dumps.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,11 +48,14 @@ def _collecting(coord: CoordinatorProc, job: str) -> list[dict[str, object]]:
     return [r for r in coord.api(f"/api/incidents?job={job}") if r["status"] == "collecting"]
 
 
-@pytest.mark.timeout(150)
-def test_full_incident_dir_keeps_serving_and_dumps_arrive_later(tmp_path: Path) -> None:
-    job_id = "chaos-full"
+@contextmanager
+def _running(
+    tmp_path: Path, job_id: str, dump_deadline: float
+) -> Iterator[tuple[TmpfsMount, CoordinatorProc, AgentProc, TrainJob]]:
+    """A coordinator whose incident dir is a small tmpfs, one agent on `<tmp>/run` and a
+    2-rank job (culprit rank 1) with both ranks registered; all torn down on exit."""
     mnt = _mount(tmp_path / "data" / "incidents")
-    coord = CoordinatorProc(tmp_path / "data", stall_timeout=2.0, dump_deadline=40.0)
+    coord = CoordinatorProc(tmp_path / "data", stall_timeout=2.0, dump_deadline=dump_deadline)
     run = tmp_path / "run"
     agent = AgentProc(
         coordinator=coord.grpc, run_dir=run, job_id=job_id, node_id="node-a",
@@ -62,6 +67,19 @@ def test_full_incident_dir_keeps_serving_and_dumps_arrive_later(tmp_path: Path) 
         agent.start()
         job.start()
         wait_for(lambda: all_connected(coord, job_id, [0, 1]), 40, "ranks registered")
+        yield mnt, coord, agent, job
+    finally:
+        job.close()
+        agent.stop()
+        coord.stop()
+        mnt.unmount()
+
+
+@pytest.mark.timeout(150)
+def test_full_incident_dir_keeps_serving_and_dumps_arrive_later(tmp_path: Path) -> None:
+    job_id = "chaos-full"
+    with _running(tmp_path, job_id, dump_deadline=40.0) as (mnt, coord, agent, job):
+        run = tmp_path / "run"
         left = mnt.fill(LEAVE)
         assert left <= 8192, left
 
@@ -95,29 +113,12 @@ def test_full_incident_dir_keeps_serving_and_dumps_arrive_later(tmp_path: Path) 
                 local / f"rank_{r}" / name
             ).read_bytes()
         agent.check()
-    finally:
-        job.close()
-        agent.stop()
-        coord.stop()
-        mnt.unmount()
 
 
 @pytest.mark.timeout(150)
 def test_read_only_incident_dir_keeps_serving_and_reports_the_error(tmp_path: Path) -> None:
     job_id = "chaos-ro"
-    mnt = _mount(tmp_path / "data" / "incidents")
-    coord = CoordinatorProc(tmp_path / "data", stall_timeout=2.0, dump_deadline=5.0)
-    run = tmp_path / "run"
-    agent = AgentProc(
-        coordinator=coord.grpc, run_dir=run, job_id=job_id, node_id="node-a",
-        log_path=tmp_path / "agent.log",
-    )  # fmt: skip
-    job = TrainJob(tmp_path, world=2, run_dirs=[run, run], job_id=job_id, culprit=1)
-    try:
-        coord.start()
-        agent.start()
-        job.start()
-        wait_for(lambda: all_connected(coord, job_id, [0, 1]), 40, "ranks registered")
+    with _running(tmp_path, job_id, dump_deadline=5.0) as (mnt, coord, agent, job):
         mnt.read_only(True)
         job.hang()
         [inc] = wait_for(lambda: finished_incidents(coord, job_id), 40, "the incident")
@@ -127,8 +128,3 @@ def test_read_only_incident_dir_keeps_serving_and_reports_the_error(tmp_path: Pa
         assert coord.health().serving
         assert all_connected(coord, job_id, [0, 1])
         agent.check()
-    finally:
-        job.close()
-        agent.stop()
-        coord.stop()
-        mnt.unmount()
