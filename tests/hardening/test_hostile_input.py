@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 import pytest
@@ -214,6 +214,28 @@ FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 ENUM = st.integers(-1, 9)
 
 
+def _survives(hostile: Env, fn: Any, req: Any) -> None:
+    """One hostile call: a clean answer or refusal (see `_call`), and the server still serves."""
+    _call(fn, req)
+    hostile.healthy()
+
+
+class _Sender(TypedDict):
+    job_id: str
+    agent_id: str
+    session_id: str
+
+
+def _sender(hostile: Env, data: st.DataObject) -> _Sender:
+    """Who a session message claims to come from: the fixture's ids or hostile ones, and the
+    real session some of the time."""
+    return _Sender(
+        job_id=data.draw(idents(JOB)),
+        agent_id=data.draw(idents(AGENT)),
+        session_id=data.draw(st.one_of(st.just(hostile.session), st.text(max_size=40))),
+    )
+
+
 def groups() -> st.SearchStrategy[pb.GroupInfo]:
     return st.builds(
         pb.GroupInfo,
@@ -254,8 +276,7 @@ def test_register_never_breaks(
     req = pb.RegisterRequest(
         job_id=job, agent_id=agent, host=host, ranks=ranks, agent_version=version
     )
-    _call(hostile.stub.Register, req)
-    hostile.healthy()
+    _survives(hostile, hostile.stub.Register, req)
 
 
 @pytest.mark.timeout(120)
@@ -282,14 +303,11 @@ def test_report_progress_never_breaks(hostile: Env, data: st.DataObject) -> None
         fr_age_s=FLOATS,
     )
     req = pb.ProgressReport(
-        job_id=data.draw(idents(JOB)),
-        agent_id=data.draw(idents(AGENT)),
-        session_id=data.draw(st.one_of(st.just(hostile.session), st.text(max_size=40))),
+        **_sender(hostile, data),
         report_seq=data.draw(UINT64),
         ranks=data.draw(st.lists(rp, max_size=4)),
     )
-    _call(hostile.stub.ReportProgress, req)
-    hostile.healthy()
+    _survives(hostile, hostile.stub.ReportProgress, req)
 
 
 @pytest.mark.timeout(120)
@@ -314,14 +332,11 @@ def test_report_entries_never_breaks(hostile: Env, data: st.DataObject) -> None:
         input_dtypes_json=st.one_of(st.just('["Float"]'), st.text(max_size=40)),
     )
     req = pb.EntryBatch(
-        job_id=data.draw(idents(JOB)),
-        agent_id=data.draw(idents(AGENT)),
-        session_id=data.draw(st.one_of(st.just(hostile.session), st.text(max_size=40))),
+        **_sender(hostile, data),
         entries=data.draw(st.lists(entry, max_size=6)),
         dropped=data.draw(UINT64),
     )
-    _call(hostile.stub.ReportEntries, req)
-    hostile.healthy()
+    _survives(hostile, hostile.stub.ReportEntries, req)
 
 
 @pytest.mark.timeout(120)
@@ -329,16 +344,13 @@ def test_report_entries_never_breaks(hostile: Env, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_report_event_never_breaks(hostile: Env, data: st.DataObject) -> None:
     req = pb.Event(
-        job_id=data.draw(idents(JOB)),
-        agent_id=data.draw(idents(AGENT)),
-        session_id=data.draw(st.one_of(st.just(hostile.session), st.text(max_size=40))),
+        **_sender(hostile, data),
         kind=data.draw(ENUM),  # type: ignore[arg-type]  # unknown enum values on purpose
         rank=data.draw(st.one_of(SMALL, INT32)),
         detail=data.draw(st.text(max_size=300)),
         age_s=data.draw(FLOATS),
     )
-    _call(hostile.stub.ReportEvent, req)
-    hostile.healthy()
+    _survives(hostile, hostile.stub.ReportEvent, req)
 
 
 @pytest.mark.timeout(120)
@@ -386,5 +398,4 @@ def test_complete_dump_never_breaks(hostile: Env, data: st.DataObject) -> None:
         ranks_dumped=data.draw(st.lists(st.one_of(SMALL, INT32), max_size=6)),
         failures=data.draw(st.lists(failure, max_size=3)),
     )
-    _call(hostile.stub.CompleteDump, req)
-    hostile.healthy()
+    _survives(hostile, hostile.stub.CompleteDump, req)
