@@ -16,6 +16,16 @@ def kinds(rep: Report) -> list[str]:
     return [f.kind for f in rep.findings]
 
 
+def _bundle_without_rank_2(tmp_path: Path, job: SimJob, process_state: str) -> Path:
+    """A 3-rank bundle in `tmp_path`: ranks 0 and 1 reachable with their dumps, rank 2's
+    agent unreachable (no dump, its process in `process_state`); returns rank 2's dir."""
+    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
+    for r in (0, 1):
+        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
+        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
+    return write_meta(tmp_path, 2, reachable=False, process_state=process_state, groups=groups)
+
+
 @pytest.mark.parametrize("backend", ["nccl", "gloo"])
 @pytest.mark.parametrize("json_form", [False, True])
 def test_one_rank_never_enters(tmp_path: Path, backend: str, json_form: bool) -> None:
@@ -95,11 +105,7 @@ def test_frozen_rank_in_a_bundle(tmp_path: Path) -> None:
     job = SimJob(3, backend="gloo")
     job.all("0")
     job.all("0", ranks=[0, 1], done=False)
-    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
-    for r in (0, 1):
-        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
-        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
-    rd = write_meta(tmp_path, 2, reachable=False, process_state="stopped", groups=groups)
+    rd = _bundle_without_rank_2(tmp_path, job, process_state="stopped")
     (rd / "stacks.txt").write_text("Thread 7 (idle): MainThread\n  compute (model.py:88)\n")
     rep = analyze_path(tmp_path)
     assert rep.verdict == "hang" and rep.lagging_ranks == [2]
@@ -378,11 +384,7 @@ def test_unobserved_rank_is_not_blamed_beside_a_rank_that_never_entered(tmp_path
     job = SimJob(3, backend="gloo")
     job.all("0")
     job.all("0", ranks=[0], done=False)
-    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
-    for r in (0, 1):
-        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
-        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
-    write_meta(tmp_path, 2, reachable=False, process_state="unknown", groups=groups)
+    _bundle_without_rank_2(tmp_path, job, process_state="unknown")
     rep = analyze_path(tmp_path)
     assert rep.verdict == "hang" and rep.lagging_ranks == [1]
     assert rep.ranks_missing == [2]
@@ -392,10 +394,6 @@ def test_unobserved_rank_is_blamed_when_nothing_else_explains_the_wait(tmp_path:
     job = SimJob(3, backend="gloo")
     job.all("0")
     job.all("0", ranks=[0, 1], done=False)
-    groups = [{"name": "0", "desc": "default_pg", "pg_id": 0, "ranks": [0, 1, 2]}]
-    for r in (0, 1):
-        rd = write_meta(tmp_path, r, reachable=True, process_state="sleeping", groups=groups)
-        (rd / f"fr_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
-    write_meta(tmp_path, 2, reachable=False, process_state="unknown", groups=groups)
+    _bundle_without_rank_2(tmp_path, job, process_state="unknown")
     rep = analyze_path(tmp_path)
     assert rep.verdict == "hang" and rep.lagging_ranks == [2]
