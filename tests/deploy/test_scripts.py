@@ -62,16 +62,16 @@ def sbatch_command(func: str, env: dict[str, str], *args: str) -> list[str]:
     return out.stdout.decode().split("\0")[:-1]
 
 
+def _lints_clean(argv: list[str], timeout: float) -> None:
+    """A linter run that finds nothing; what it found is the failure message."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @pytest.mark.timeout(20)
 def test_sbatch_parses_and_lints() -> None:
     subprocess.run(["bash", "-n", str(SBATCH)], check=True, timeout=10)
-    out = subprocess.run(
-        [_tool("shellcheck"), "--shell=bash", "--severity=style", str(SBATCH)],
-        capture_output=True,
-        text=True,
-        timeout=15,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    _lints_clean([_tool("shellcheck"), "--shell=bash", "--severity=style", str(SBATCH)], 15)
 
 
 @pytest.mark.timeout(20)
@@ -121,13 +121,7 @@ def docker_stages() -> dict[str, list[tuple[str, str]]]:
 
 @pytest.mark.timeout(30)
 def test_dockerfile_lints() -> None:
-    out = subprocess.run(
-        [_tool("hadolint"), "--no-color", str(DOCKERFILE)],
-        capture_output=True,
-        text=True,
-        timeout=25,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    _lints_clean([_tool("hadolint"), "--no-color", str(DOCKERFILE)], 25)
 
 
 @pytest.mark.timeout(10)
