@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_loader import GOLDEN, run
+from fuzz_loader import GOLDEN, fuzzer_main
 
 from hangwatch.formats import IncidentDoc
 
@@ -95,20 +95,12 @@ def _fuzz(argv: list[str]) -> None:
 
 
 def main() -> int:
-    import argparse
-
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _fuzz([sys.argv[0], *sys.argv[2:]])
-        return 0
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return fuzzer_main(
+        Path(__file__),
+        __doc__,
+        _fuzz,
+        lambda: seeds(Path(tempfile.mkdtemp(prefix="fuzz-bundle-seeds-"))),
     )
-    p.add_argument("--seconds", type=int, default=120)
-    p.add_argument("--corpus-out", type=Path, default=None)
-    p.add_argument("--workdir", type=Path, default=None)
-    a = p.parse_args()
-    seed_dir = Path(tempfile.mkdtemp(prefix="fuzz-bundle-seeds-"))
-    return run(Path(__file__), a.seconds, a.corpus_out, a.workdir, seeds(seed_dir))
 
 
 if __name__ == "__main__":

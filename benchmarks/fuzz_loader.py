@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,17 +84,28 @@ def _fuzz(argv: list[str]) -> None:
 
 
 def main() -> int:
+    return fuzzer_main(Path(__file__), __doc__, _fuzz, seeds)
+
+
+def fuzzer_main(
+    script: Path,
+    doc: str | None,
+    fuzz: Callable[[list[str]], None],
+    seed_files: Callable[[], list[Path]],
+) -> int:
+    """A fuzzer script's command line: `--child ARGS` is the libFuzzer process `run` starts
+    (it calls `fuzz`); anything else parses the options and runs it over `seed_files()`."""
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _fuzz([sys.argv[0], *sys.argv[2:]])
+        fuzz([sys.argv[0], *sys.argv[2:]])
         return 0
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--seconds", type=int, default=120)
     p.add_argument("--corpus-out", type=Path, default=None)
     p.add_argument("--workdir", type=Path, default=None, help="Keep the live corpus here.")
     a = p.parse_args()
-    return run(Path(__file__), a.seconds, a.corpus_out, a.workdir, seeds())
+    return run(script, a.seconds, a.corpus_out, a.workdir, seed_files())
 
 
 def keep_corpus(live: Path, artifacts: Path, out: Path) -> int:
