@@ -22,6 +22,7 @@ CONFORMANCE_DIR = REPO_ROOT.parent / "shared" / "conformance" / "nvrx"
 __all__ = [
     "BACKENDS",
     "CONFORMANCE_DIR",
+    "CULPRIT_KINDS",
     "GOLDEN_DIR",
     "REPO_ROOT",
     "absolute_imports",
@@ -34,6 +35,18 @@ __all__ = [
     "skip_unless_backend",
     "wait_until",
 ]
+
+# Finding kinds that name a rank as the cause of a hang (the others describe it).
+CULPRIT_KINDS = frozenset(
+    {
+        "not-entered",
+        "stuck-outside-collective",
+        "stuck-inside-op",
+        "missing-dump",
+        "frozen",
+        "cross-group-deadlock",
+    }
+)
 
 # The live hang zoo runs on both: gloo records itself; hwstore is recorded by
 # torch 2.15's FlightRecorderHook, as 2.15's default NCCL is.

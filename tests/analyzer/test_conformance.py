@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from hangwatch.analyzer import analyze_path, load_dumps
 from helpers import CONFORMANCE_DIR as CONFORMANCE
+from helpers import CULPRIT_KINDS
 from helpers import conformance_incident as _incident
 from helpers import fault_ranks as _truth
 
@@ -24,16 +25,6 @@ pytestmark = [
         not CONFORMANCE.is_dir(), reason=f"conformance data not present at {CONFORMANCE}"
     ),
 ]
-
-
-CULPRIT_KINDS = {
-    "not-entered",
-    "stuck-outside-collective",
-    "stuck-inside-op",
-    "missing-dump",
-    "frozen",
-    "cross-group-deadlock",
-}
 
 
 @pytest.mark.parametrize("incident", INCIDENTS)
