@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from tests.hardening.trainjob import TrainJob, complement, median_in
+from tests.hardening.trainjob import MAX_STEP_RATIO, TrainJob, complement, step_ratios
 from tests.hardening.util import all_connected, finished_incidents, ranks_view, wait_for
-from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, skewed_clock_env
+from tests.support.chaos import CoordinatorProc, FaultUnavailable, skewed_clock_env, two_node_agents
 
 pytestmark = [pytest.mark.torch]
 
@@ -35,7 +35,6 @@ JOB = "chaos-agent"
 SKEW_S = -7200.0
 LOST_S = 3.0
 STALL_S = 2.0
-MAX_RATIO = 1.5
 MAX_AGE_S = 120.0
 
 
@@ -49,18 +48,7 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=LOST_S
     )
     coord.start()
-    runs = [tmp_path / "node-a", tmp_path / "node-b"]
-    agents = [
-        AgentProc(
-            coordinator=coord.grpc,
-            run_dir=runs[i],
-            job_id=JOB,
-            node_id=f"node-{'ab'[i]}",
-            log_path=tmp_path / f"agent-{'ab'[i]}.log",
-            extra_env=skew if i == 1 else None,
-        )
-        for i in range(2)
-    ]
+    runs, agents = two_node_agents(coord, tmp_path, JOB, extra_env=skew)
     for a in agents:
         a.start()
     job = TrainJob(tmp_path, world=2, run_dirs=runs, job_id=JOB, culprit=1, rank_env={1: skew})
@@ -91,11 +79,7 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         down = [(t_kill, time.monotonic())]
         time.sleep(3.0)
         up = complement(down, t_begin, time.monotonic())
-        ratios = {}
-        for r in (0, 1):
-            md, mu = median_in(job.steps(r), down), median_in(job.steps(r), up)
-            assert md is not None and mu is not None
-            ratios[r] = md / mu
+        ratios = step_ratios(job, (0, 1), down, up)
         print(f"unobserved after {lost_after:.2f}s, re-attached {reattach_s:.2f}s after restart")
         print(f"median step time, agent dead / alive: {ratios}")
         (tmp_path / "measured.json").write_text(
@@ -104,7 +88,7 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         # The lost timeout runs from the agent's last report, which precedes the
         # kill by up to one poll interval (AgentProc polls every 0.5 s).
         assert LOST_S - 0.5 - 0.1 <= lost_after < LOST_S + 5, lost_after
-        assert all(x < MAX_RATIO for x in ratios.values()), ratios
+        assert all(x < MAX_STEP_RATIO for x in ratios.values()), ratios
 
         # Hang on the skewed node; watch the ages while the coordinator decides.
         job.hang()

@@ -24,7 +24,7 @@ import pytest
 
 from tests.hardening.trainjob import TrainJob
 from tests.hardening.util import all_connected, finished_incidents, ranks_view, wait_for
-from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, NetnsLink
+from tests.support.chaos import CoordinatorProc, FaultUnavailable, NetnsLink, two_node_agents
 
 pytestmark = [pytest.mark.torch]
 
@@ -44,19 +44,7 @@ def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
         tmp_path / "data", host=link.host_ip, token=TOKEN, stall_timeout=2.0,
         dump_deadline=8.0, agent_lost_timeout=LOST_S,
     )  # fmt: skip
-    runs = [tmp_path / "node-a", tmp_path / "node-b"]
-    agents = [
-        AgentProc(
-            coordinator=coord.grpc,
-            run_dir=runs[i],
-            job_id=JOB,
-            node_id=f"node-{'ab'[i]}",
-            log_path=tmp_path / f"agent-{'ab'[i]}.log",
-            token=TOKEN,
-            netns=link.name if i == 1 else None,
-        )
-        for i in range(2)
-    ]
+    runs, agents = two_node_agents(coord, tmp_path, JOB, token=TOKEN, netns=link.name)
     job = TrainJob(tmp_path, world=3, run_dirs=[runs[0], runs[0], runs[1]], job_id=JOB, culprit=1)
     try:
         coord.start()

@@ -140,6 +140,27 @@ def median_in(steps: Sequence[Step], windows: Sequence[tuple[float, float]]) -> 
     return statistics.median(picked) if picked else None
 
 
+# Step times on a shared 2-core CI box are noisy; training that a dead agent or
+# coordinator blocked would show up as a multiple, not a few tens of percent.
+MAX_STEP_RATIO = 1.5
+
+
+def step_ratios(
+    job: TrainJob,
+    ranks: Sequence[int],
+    down: Sequence[tuple[float, float]],
+    up: Sequence[tuple[float, float]],
+) -> dict[int, float]:
+    """rank -> median step time in the `down` windows over that in the `up` windows."""
+    ratios = {}
+    for r in ranks:
+        steps = job.steps(r)
+        md, mu = median_in(steps, down), median_in(steps, up)
+        assert md is not None and mu is not None, f"rank {r}: no steps in some window"
+        ratios[r] = md / mu
+    return ratios
+
+
 def complement(
     windows: Sequence[tuple[float, float]], start: float, end: float
 ) -> list[tuple[float, float]]:

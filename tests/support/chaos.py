@@ -512,3 +512,24 @@ class NetnsLink:
 
     def __exit__(self, *exc: object) -> None:
         self.destroy()
+
+
+def two_node_agents(
+    coord: CoordinatorProc, tmp_path: Path, job: str, token: str | None = None, **node_b: Any
+) -> tuple[list[Path], list[AgentProc]]:
+    """Node A's and node B's run dirs (`<tmp>/node-a`, `<tmp>/node-b`) and their agents,
+    not started; `node_b` are the AgentProc options only node B's agent gets (the fault)."""
+    runs = [tmp_path / "node-a", tmp_path / "node-b"]
+    agents = [
+        AgentProc(
+            coordinator=coord.grpc,
+            run_dir=runs[i],
+            job_id=job,
+            node_id=f"node-{'ab'[i]}",
+            log_path=tmp_path / f"agent-{'ab'[i]}.log",
+            token=token,
+            **(node_b if i == 1 else {}),
+        )
+        for i in range(2)
+    ]
+    return runs, agents
