@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,26 @@ def _kill(job: subprocess.Popen[bytes]) -> None:
     job.wait()
 
 
+@contextlib.contextmanager
+def _watched(
+    tmp: Path, job_id: str, **plan: str
+) -> Iterator[tuple[CoordinatorProc, AgentProc, subprocess.Popen[bytes]]]:
+    """A coordinator, one agent on `<tmp>/run` and the pipeline job with `plan`, all started;
+    the job killed and the agent and coordinator stopped on exit."""
+    with CoordinatorProc(tmp / "data", stall_timeout=STALL_TIMEOUT) as coord:
+        agent = AgentProc(
+            coordinator=coord.grpc, run_dir=tmp / "run", job_id=job_id, node_id="n0",
+            log_path=tmp / "agent.log",
+        )  # fmt: skip
+        agent.start()
+        job = _start_job(tmp, coord, job_id, **plan)
+        try:
+            yield coord, agent, job
+        finally:
+            _kill(job)
+            agent.stop()
+
+
 def _stalled_at(tmp: Path) -> float | None:
     p = tmp / "stalled"
     return float(p.read_text().split()[0]) if p.is_file() else None
@@ -91,59 +112,36 @@ def test_a_stalled_pipeline_stage_is_named_from_its_stack(
     tmp_path: Path, how: str, state: str
 ) -> None:
     job_id = f"pipe-{how}"
-    with CoordinatorProc(tmp_path / "data", stall_timeout=STALL_TIMEOUT) as coord:
-        agent = AgentProc(
-            coordinator=coord.grpc, run_dir=tmp_path / "run", job_id=job_id, node_id="n0",
-            log_path=tmp_path / "agent.log",
-        )  # fmt: skip
-        agent.start()
-        job = _start_job(tmp_path, coord, job_id, stall_after="4", stall_how=how)
-        try:
-            t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
-            inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
-            _check_middle_stage_named(inc, state)
-            # Named within the stall timeout plus 10 s of the stall (wall clock, one host).
-            assert inc["created"] - t0 <= STALL_TIMEOUT + 10, (inc["created"], t0)
-            assert inc["updated"] - t0 <= STALL_TIMEOUT + 10, (inc["updated"], t0)
-            agent.check()
-        finally:
-            _kill(job)
-            agent.stop()
+    with _watched(tmp_path, job_id, stall_after="4", stall_how=how) as (coord, agent, _job):
+        t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+        inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+        _check_middle_stage_named(inc, state)
+        # Named within the stall timeout plus 10 s of the stall (wall clock, one host).
+        assert inc["created"] - t0 <= STALL_TIMEOUT + 10, (inc["created"], t0)
+        assert inc["updated"] - t0 <= STALL_TIMEOUT + 10, (inc["updated"], t0)
+        agent.check()
 
 
 @pytest.mark.timeout(120)
 def test_a_quiet_period_that_ends_is_resolved_and_the_job_finishes(tmp_path: Path) -> None:
     job_id = "pipe-transient"
-    with CoordinatorProc(tmp_path / "data", stall_timeout=STALL_TIMEOUT) as coord:
-        agent = AgentProc(
-            coordinator=coord.grpc, run_dir=tmp_path / "run", job_id=job_id, node_id="n0",
-            log_path=tmp_path / "agent.log",
-        )  # fmt: skip
-        agent.start()
-        # 8 s of sleep in the middle stage, then it trains on and the job exits 0.
-        job = _start_job(
-            tmp_path, coord, job_id, stall_after="4", stall_for="8", steps="150", step_s="0.03"
+    # 8 s of sleep in the middle stage, then it trains on and the job exits 0.
+    plan = {"stall_after": "4", "stall_for": "8", "steps": "150", "step_s": "0.03"}
+    with _watched(tmp_path, job_id, **plan) as (coord, agent, job):
+        wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+        inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+        _check_middle_stage_named(inc, "sleeping")
+        assert job.wait(60) == 0, (tmp_path / "job.log").read_text()[-3000:]
+        done = wait_for(
+            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["status"] == "resolved" and d,
+            20,
+            "the incident to resolve",
         )
-        try:
-            wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
-            inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
-            _check_middle_stage_named(inc, "sleeping")
-            assert job.wait(60) == 0, (tmp_path / "job.log").read_text()[-3000:]
-            done = wait_for(
-                lambda: (
-                    (d := coord.api(f"/api/incidents/{inc['id']}"))["status"] == "resolved" and d
-                ),
-                20,
-                "the incident to resolve",
-            )
-            assert done["transient"], done
-            assert 8 - 1 <= done["stall_s"] <= 8 + STALL_TIMEOUT, done["stall_s"]
-            assert done["late_ranks"] == [MIDDLE], done
-            assert len(coord.api(f"/api/incidents?job={job_id}")) == 1
-            agent.check()
-        finally:
-            _kill(job)
-            agent.stop()
+        assert done["transient"], done
+        assert 8 - 1 <= done["stall_s"] <= 8 + STALL_TIMEOUT, done["stall_s"]
+        assert done["late_ranks"] == [MIDDLE], done
+        assert len(coord.api(f"/api/incidents?job={job_id}")) == 1
+        agent.check()
 
 
 @pytest.mark.timeout(150)
