@@ -8,6 +8,7 @@ the incident page reads the same with scripts off.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,11 @@ STUCK = 700
 def test_dashboard_in_chromium(tmp_path: Path) -> None:
     ctx = harness.make_context(tmp_path, token=TOKEN)
     sessions = harness.feed_job(ctx.registry, job=JOB, world=WORLD, stuck=STUCK, ranks_per_agent=64)
+    # A rank's report once it has entered #42 (the stuck rank's, then every rank's last).
+    at_42 = functools.partial(
+        harness.report_rank, ctx.registry, job=JOB, sessions=sessions, last_enqueued=42,
+        last_completed=41,
+    )  # fmt: skip
     inc = harness.demo_incident()
     incident_id = harness.insert_incident(
         ctx, job="zoo-skip", report=inc.report, bundle_from=inc.dumps
@@ -58,15 +64,7 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
 
             # The culprit enters #42: the page follows by polling, without a reload.
             page.evaluate("window.__sameDocument = true")  # type: ignore[attr-defined]
-            harness.report_rank(
-                ctx.registry,
-                job=JOB,
-                sessions=sessions,
-                rank=STUCK,
-                last_enqueued=42,
-                last_completed=41,
-                report_seq=2,
-            )
+            at_42(rank=STUCK, report_seq=2)
             page.wait_for_selector(  # type: ignore[attr-defined]
                 f'#heatmap .cell.lag0[data-rank="{STUCK}"]:not(.stalled)', timeout=6000
             )
@@ -74,16 +72,7 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
 
             # Every rank exits: the open page says ended, and so does the jobs list.
             for r in range(WORLD):
-                harness.report_rank(
-                    ctx.registry,
-                    job=JOB,
-                    sessions=sessions,
-                    rank=r,
-                    last_enqueued=42,
-                    last_completed=41,
-                    report_seq=3 + r,
-                    state=pb.PROCESS_STATE_GONE,
-                )
+                at_42(rank=r, report_seq=3 + r, state=pb.PROCESS_STATE_GONE)
             page.wait_for_selector("h1 .job-state.badge-ended", timeout=6000)  # type: ignore[attr-defined]
             page.wait_for_selector("#live-status:has-text('ended · updated')", timeout=6000)  # type: ignore[attr-defined]
             page.wait_for_selector('#oldest-inflight:text-is("-")', timeout=6000)  # type: ignore[attr-defined]
