@@ -16,9 +16,7 @@ from hangwatch.agent.delta import DeltaReporter
 
 from hangwatch.wire import pb, rpc
 from tests.support.simagents.constants import (
-    DESC,
     KINDS,
-    PG_ID,
     RANKS_PER_AGENT,
     TORCH_VERSION,
     UNARY_TIMEOUT_S,
@@ -31,18 +29,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FleetSpec:
-    """What a fleet process needs to know; plain data, so it crosses `spawn`."""
+class SimJobSpec:
+    """The coordinator to talk to and the simulated job's shape (see `Topology`)."""
 
     target: str
     job_id: str
     ranks: int
     pp: int = 4
+    token: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetSpec(SimJobSpec):
+    """What a fleet process needs to know; plain data, so it crosses `spawn`."""
+
     entries: int = 2000
     epoch: float
     op_s: float = 0.05
     report_interval_s: float = 1.0
-    token: str | None = None
     stacks: bool = True
     entries_after_s: float = 2.0  # in flight this long: send the FR entry delta
     nodes: tuple[int, ...] = ()  # node indices this process simulates (empty: all)
@@ -129,15 +133,7 @@ class SimAgent(DumpUploads):
                     backend="nccl",
                     torch_version=TORCH_VERSION,
                     fr_source="worker-server",
-                    groups=[
-                        pb.GroupInfo(
-                            name=topo.group_name(k, r),
-                            desc=DESC[k],
-                            pg_id=PG_ID[k],
-                            ranks=topo.group_members(k, r),
-                        )
-                        for k in KINDS
-                    ],
+                    groups=topo.rank_groups(r, pb.GroupInfo),
                 )
                 for r in self.ranks
             ],

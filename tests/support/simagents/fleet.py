@@ -19,7 +19,7 @@ from typing import Any
 
 from hangwatch import formats, frtail
 from tests.support.simagents.agent import FleetSpec, SimAgent
-from tests.support.simagents.constants import DESC, KINDS, PG_ID, RANKS_PER_AGENT
+from tests.support.simagents.constants import KINDS, RANKS_PER_AGENT
 from tests.support.simagents.dumps import DumpFactory, stacks_text
 from tests.support.simagents.topology import Clock, Hang, RankPos, Topology, rank_pos, sweep
 
@@ -83,15 +83,7 @@ class FleetState:
             pid=10_000 + rank,
             process_state="running",
             reachable=True,
-            groups=tuple(
-                formats.GroupInfo(
-                    name=topo.group_name(k, rank),
-                    desc=DESC[k],
-                    pg_id=PG_ID[k],
-                    ranks=topo.group_members(k, rank),
-                )
-                for k in KINDS
-            ),
+            groups=tuple(topo.rank_groups(rank, formats.GroupInfo)),
             sources={"fr": "worker-server", "stacks": "py-spy", "gpu": "none", "process": "procfs"},
             gpu={"available": False, "reason": "simulated agent"},
             stacks=stacks,

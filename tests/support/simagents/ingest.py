@@ -15,20 +15,15 @@ from typing import Any
 import grpc
 
 from hangwatch.wire import pb
-from tests.support.simagents.agent import FleetSpec, SimAgent
+from tests.support.simagents.agent import FleetSpec, SimAgent, SimJobSpec
 from tests.support.simagents.constants import KINDS, OPS_PER_STEP, RANKS_PER_AGENT, UNARY_TIMEOUT_S
 from tests.support.simagents.fleet import FleetError, FleetState
 
 
 @dataclass(frozen=True, kw_only=True)
-class IngestSpec:
-    target: str
-    job_id: str
-    ranks: int
-    pp: int = 4
+class IngestSpec(SimJobSpec):
     seconds: float = 5.0
     in_flight: int = 128  # concurrent ReportProgress calls
-    token: str | None = None
 
 
 def _varint(n: int) -> bytes:

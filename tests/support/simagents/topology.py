@@ -3,16 +3,22 @@ and where a hang leaves every rank (one forward sweep of NCCL semantics)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tests.support.simagents.constants import (
+    DESC,
     HANG_POS,
     KINDS,
     OPS_PER_STEP,
+    PG_ID,
     RANKS_PER_AGENT,
     START_STEP,
     STEP,
 )
+
+G = TypeVar("G")
 
 _PER_STEP = {k: sum(1 for kk, _ in STEP if kk == k) for k in KINDS}
 # _UPTO[k][pos]: ops of kind k in STEP[: pos + 1]
@@ -85,6 +91,19 @@ class Topology:
         if kind == "pp":
             return [tp_i + self.tp * (dp_i + self.dp * p) for p in range(self.pp)]
         return [tp_i + self.tp * (d + self.dp * pp_i) for d in range(self.dp)]
+
+    def rank_groups(self, rank: int, make: Callable[..., G]) -> list[G]:
+        """The groups `rank` is in, one `make(name=, desc=, pg_id=, ranks=)` each: the
+        wire's GroupInfo for a registration, the file format's for a meta.json."""
+        return [
+            make(
+                name=self.group_name(k, rank),
+                desc=DESC[k],
+                pg_id=PG_ID[k],
+                ranks=self.group_members(k, rank),
+            )
+            for k in KINDS
+        ]
 
     def groups(self) -> dict[str, tuple[str, list[int]]]:
         """Every group: name -> (kind, members)."""

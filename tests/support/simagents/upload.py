@@ -9,7 +9,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import grpc
 from hangwatch.agent.uploader import pack_chunks
@@ -38,6 +38,12 @@ class DumpRecord:
     tail_context: int = 0
 
 
+class IncidentIds(TypedDict):
+    job_id: str
+    agent_id: str
+    incident_id: str
+
+
 class DumpUploads:
     """What one simulated agent does on DUMP and UPLOAD_FULL; mixed into `SimAgent`,
     which sets these attributes."""
@@ -50,6 +56,10 @@ class DumpUploads:
     metadata: tuple[tuple[str, str], ...]
     stub: rpc.CoordinatorStub
     stats: AgentStats
+
+    def about(self, incident_id: str) -> IncidentIds:
+        """The ids every message about an incident carries: whose, from whom, which."""
+        return IncidentIds(job_id=self.spec.job_id, agent_id=self.agent_id, incident_id=incident_id)
 
     def bundle_files(self, rank: int, pos: RankPos) -> list[tuple[str, bytes, str]]:
         """(name, bytes, sha256 hex) of one rank's bundle."""
@@ -155,9 +165,7 @@ class DumpUploads:
                     self.stats.error(f"UploadBundle rank {r}: {why}")
             res = await self.stub.CompleteDump(
                 pb.DumpResult(
-                    job_id=self.spec.job_id,
-                    agent_id=self.agent_id,
-                    incident_id=incident_id,
+                    **self.about(incident_id),
                     ranks_dumped=dumped,
                     failures=failures,
                 ),
@@ -188,9 +196,7 @@ def _chunk_list(
         piece = data[offset : offset + CHUNK_BYTES]
         last = offset + len(piece) >= total
         chunk = pb.BundleChunk(
-            job_id=agent.spec.job_id,
-            agent_id=agent.agent_id,
-            incident_id=incident_id,
+            **agent.about(incident_id),
             rank=rank,
             file_name=name,
             offset=offset,
