@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,32 +71,28 @@ def stub(coordinator: Coordinator) -> Iterator[rpc.CoordinatorStub]:
         yield rpc.CoordinatorStub(ch)
 
 
+@dataclass(eq=False)
 class ProtocolAgent:
-    """Speaks the agent side of the wire contract for a set of ranks."""
+    """Speaks the agent side of the wire contract for a set of ranks (`groups`: name ->
+    members; empty, the default group of all `world_size` ranks)."""
 
-    def __init__(
-        self,
-        stub: rpc.CoordinatorStub,
-        *,
-        job_id: str,
-        agent_id: str,
-        ranks: list[int],
-        world_size: int,
-        groups: dict[str, list[int]] | None = None,
-    ) -> None:
-        self.stub = stub
-        self.job_id = job_id
-        self.agent_id = agent_id
-        self.ranks = ranks
-        self.world_size = world_size
-        self.groups = groups or {"0": list(range(world_size))}
-        self.session_id = ""
-        self.seq = 0
-        self._in_flight_since: dict[tuple[int, str, int], float] = {}
-        self.commands: queue.Queue[pb.Command] = queue.Queue()
-        self._watch: grpc.Future | None = None
-        self._watch_thread: threading.Thread | None = None
-        self.watch_error: grpc.RpcError | None = None
+    stub: rpc.CoordinatorStub
+    _: KW_ONLY
+    job_id: str
+    agent_id: str
+    ranks: list[int]
+    world_size: int
+    groups: dict[str, list[int]] = field(default_factory=dict)
+    session_id: str = field(default="", init=False)
+    seq: int = field(default=0, init=False)
+    _in_flight_since: dict[tuple[int, str, int], float] = field(default_factory=dict, init=False)
+    commands: queue.Queue[pb.Command] = field(default_factory=queue.Queue, init=False)
+    _watch: grpc.Future | None = field(default=None, init=False)
+    _watch_thread: threading.Thread | None = field(default=None, init=False)
+    watch_error: grpc.RpcError | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = self.groups or {"0": list(range(self.world_size))}
 
     def register(self) -> pb.RegisterResponse:
         infos = [

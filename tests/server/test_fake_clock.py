@@ -12,7 +12,7 @@ the manager's real worker thread against a real SQLite store under tmp_path.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import pytest
@@ -45,26 +45,23 @@ class FakeClock:
         self.now += seconds
 
 
+@dataclass(eq=False)
 class Node:
-    """One node agent's side of the wire contract, sent straight to the registry."""
+    """One node agent's side of the wire contract, sent straight to the registry
+    (`groups`: name -> members; empty, the default group of all `world_size` ranks)."""
 
-    def __init__(
-        self,
-        registry: JobRegistry,
-        agent_id: str,
-        ranks: list[int],
-        *,
-        world_size: int = 4,
-        groups: dict[str, list[int]] | None = None,
-    ) -> None:
-        self.registry = registry
-        self.agent_id = agent_id
-        self.ranks = ranks
-        self.world_size = world_size
-        self.groups = groups or {"0": list(range(world_size))}
-        self.session = ""
-        self.seq = 0
-        self.pid_base = 20_000
+    registry: JobRegistry
+    agent_id: str
+    ranks: list[int]
+    _: KW_ONLY
+    world_size: int = 4
+    groups: dict[str, list[int]] = field(default_factory=dict)
+    session: str = field(default="", init=False)
+    seq: int = field(default=0, init=False)
+    pid_base: int = field(default=20_000, init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = self.groups or {"0": list(range(self.world_size))}
 
     def register(self, ranks: list[int] | None = None) -> str:
         self.ranks = ranks if ranks is not None else self.ranks
