@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -214,6 +214,11 @@ FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 ENUM = st.integers(-1, 9)
 
 
+def _drawn_property(test: Callable[[Env, st.DataObject], None]) -> Any:
+    """`test` as a property drawing its message inside (`data`), under HYP's settings."""
+    return pytest.mark.timeout(120)(HYP(given(data=st.data())(test)))
+
+
 def _survives(hostile: Env, fn: Any, req: Any) -> None:
     """One hostile call: a clean answer or refusal (see `_call`), and the server still serves."""
     _call(fn, req)
@@ -279,9 +284,7 @@ def test_register_never_breaks(
     _survives(hostile, hostile.stub.Register, req)
 
 
-@pytest.mark.timeout(120)
-@HYP
-@given(data=st.data())
+@_drawn_property
 def test_report_progress_never_breaks(hostile: Env, data: st.DataObject) -> None:
     inflight = st.builds(
         pb.InFlight, seq=st.one_of(SMALL, INT64), op=st.text(max_size=20), age_s=FLOATS
@@ -310,9 +313,7 @@ def test_report_progress_never_breaks(hostile: Env, data: st.DataObject) -> None
     _survives(hostile, hostile.stub.ReportProgress, req)
 
 
-@pytest.mark.timeout(120)
-@HYP
-@given(data=st.data())
+@_drawn_property
 def test_report_entries_never_breaks(hostile: Env, data: st.DataObject) -> None:
     entry = st.builds(
         pb.FrEntry,
@@ -339,9 +340,7 @@ def test_report_entries_never_breaks(hostile: Env, data: st.DataObject) -> None:
     _survives(hostile, hostile.stub.ReportEntries, req)
 
 
-@pytest.mark.timeout(120)
-@HYP
-@given(data=st.data())
+@_drawn_property
 def test_report_event_never_breaks(hostile: Env, data: st.DataObject) -> None:
     req = pb.Event(
         **_sender(hostile, data),
@@ -353,9 +352,7 @@ def test_report_event_never_breaks(hostile: Env, data: st.DataObject) -> None:
     _survives(hostile, hostile.stub.ReportEvent, req)
 
 
-@pytest.mark.timeout(120)
-@HYP
-@given(data=st.data())
+@_drawn_property
 def test_upload_chunks_never_break(hostile: Env, data: st.DataObject) -> None:
     incident = data.draw(st.one_of(st.just(hostile.incident), idents("x")))
     name = data.draw(
@@ -386,9 +383,7 @@ def test_upload_chunks_never_break(hostile: Env, data: st.DataObject) -> None:
     hostile.healthy()
 
 
-@pytest.mark.timeout(120)
-@HYP
-@given(data=st.data())
+@_drawn_property
 def test_complete_dump_never_breaks(hostile: Env, data: st.DataObject) -> None:
     failure = st.builds(pb.RankFailure, rank=st.one_of(SMALL, INT32), reason=st.text(max_size=200))
     req = pb.DumpResult(
