@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch import env
-from hangwatch.formats import ServerInfo
 from hangwatch.testing.ports import free_port
+from tests.support.serving import wait_serving
 
 
 class FaultUnavailable(RuntimeError):
@@ -93,11 +93,43 @@ def rss_bytes(pid: int) -> int:
 # ---- coordinator ------------------------------------------------------------------
 
 
-class CoordinatorProc:
+class _ChildProc:
+    """A child process the test starts, SIGKILLs and restarts; its output, across
+    every start, goes to `log_path`."""
+
+    what = "process"
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise ChaosError(f"{self.what} not started")
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> float:
+        """SIGKILL (no shutdown code runs) and reap; returns the monotonic kill time."""
+        t = time.monotonic()
+        _kill(self.proc)
+        return t
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        return _stop(self.proc, grace)
+
+    def log(self) -> str:
+        return _tail(self.log_path, 1 << 20)
+
+
+class CoordinatorProc(_ChildProc):
     """`python -m hangwatch server` that can be SIGKILLed and restarted on the same
     gRPC port and data dir. The HTTP port is new on every start (read it from
     `http`). Its output, across every restart, goes to `<data_dir>/../<name>.log`
     so a read-only or full data dir does not also lose the log."""
+
+    what = "coordinator"
 
     def __init__(
         self,
@@ -131,15 +163,6 @@ class CoordinatorProc:
     def grpc(self) -> str:
         return f"{self.host}:{self.grpc_port}"
 
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise ChaosError("coordinator not started")
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self, timeout: float = 60.0) -> float:
         """Start and wait until it serves; returns the monotonic time it began serving."""
         if self.alive():
@@ -154,38 +177,15 @@ class CoordinatorProc:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
             )  # fmt: skip
         self.starts += 1
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise ChaosError(
-                    f"coordinator exited with {self.proc.returncode}:\n{_tail(self.log_path)}"
-                )
-            # server.json survives a SIGKILL: only the one naming this pid counts.
-            info = ServerInfo.read(self.data_dir)
-            if info is not None and info.pid == self.proc.pid:
-                self.http = info.http
-                return time.monotonic()
-            time.sleep(0.02)
-        _kill(self.proc)
-        raise ChaosError(
-            f"coordinator did not serve within {timeout:.0f}s:\n{_tail(self.log_path)}"
+        info = wait_serving(
+            self.proc, self.data_dir, timeout, lambda: _tail(self.log_path), ChaosError
         )
-
-    def kill(self) -> float:
-        """SIGKILL (no shutdown code runs) and reap; returns the monotonic kill time."""
-        t = time.monotonic()
-        _kill(self.proc)
-        return t
+        self.http = info.http
+        return time.monotonic()
 
     def restart(self, timeout: float = 60.0) -> float:
         self.kill()
         return self.start(timeout)
-
-    def stop(self, grace: float = 10.0) -> int | None:
-        return _stop(self.proc, grace)
-
-    def log(self) -> str:
-        return _tail(self.log_path, 1 << 20)
 
     def api(self, path: str, timeout: float = 10.0) -> Any:
         req = urllib.request.Request(self.http + path)
@@ -215,12 +215,14 @@ class CoordinatorProc:
 # ---- agent ------------------------------------------------------------------------------
 
 
-class AgentProc:
+class AgentProc(_ChildProc):
     """`python -m hangwatch agent` for one node's run dir; killable and restartable.
 
     `netns` runs it inside that network namespace (`ip netns exec`, which execs,
     so the pid is the agent's own). `clock_offset_s` shifts its wall clock.
     """
+
+    what = "agent"
 
     def __init__(
         self,
@@ -249,15 +251,6 @@ class AgentProc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise ChaosError("agent not started")
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self, *, extra_env: Mapping[str, str] | None = None) -> None:
         if self.alive():
             raise ChaosError("agent already running")
@@ -278,17 +271,6 @@ class AgentProc:
         """Raise with the log tail if the agent died on its own."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ChaosError(f"agent exited with {self.proc.returncode}:\n{_tail(self.log_path)}")
-
-    def kill(self) -> float:
-        t = time.monotonic()
-        _kill(self.proc)
-        return t
-
-    def stop(self, grace: float = 10.0) -> int | None:
-        return _stop(self.proc, grace)
-
-    def log(self) -> str:
-        return _tail(self.log_path, 1 << 20)
 
 
 # ---- clock skew -----------------------------------------------------------------------

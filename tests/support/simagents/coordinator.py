@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from hangwatch.formats import ServerInfo
+from tests.support.serving import wait_serving
 from tests.support.simagents.fleet import FleetError
 
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
@@ -78,27 +78,12 @@ class CoordinatorProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.info = self._wait_info(start_timeout)
+        self.info = wait_serving(
+            self.proc, self.data_dir, start_timeout, lambda: self.log()[-4000:], FleetError
+        )
         self.pid = self.info.pid
         self.grpc: str = self.info.grpc
         self.http: str = self.info.http
-
-    def _wait_info(self, timeout: float) -> ServerInfo:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise FleetError(
-                    f"coordinator exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
-                )
-            info = ServerInfo.read(self.data_dir)
-            if info is not None:
-                return info
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait(10)
-        raise FleetError(
-            f"coordinator wrote no server.json in {timeout:.0f}s:\n{self.log()[-4000:]}"
-        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
