@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -50,3 +51,53 @@ def coordinator_process(data: Path, *extra: str) -> Iterator[dict[str, str]]:
             rc = proc.wait()
         log.close()
     assert rc == 0, f"coordinator exited {rc}: {(data / 'server.log').read_text()[-3000:]}"
+
+
+def _tree(pid: int) -> list[tuple[int, str]]:
+    """Every process under `pid`, each with its start time (to skip a reused pid)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(d.name), fields[19]))
+    out: list[tuple[int, str]] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def _started(pid: int) -> str | None:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def stop_job(p: subprocess.Popen[bytes], grace: float = 15.0) -> int:
+    """Stop a launcher (`hangwatch run -- torchrun ...`, started in a session of its
+    own) and every process under it: SIGTERM to its group, then after `grace` SIGKILL
+    to the group and to each process found under it. torchrun starts every worker in a
+    session of its own, so signalling the launcher's group alone leaves a stalled
+    worker running once torchrun is killed."""
+    tree = _tree(p.pid)
+    if p.poll() is None and grace > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(grace)
+    tree += _tree(p.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    for pid, started in tree:
+        if _started(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    p.wait(5)
+    return p.returncode

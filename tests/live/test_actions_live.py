@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hangwatch import env, formats
-from tests.live.conftest import coordinator_process
+from tests.live.conftest import coordinator_process, stop_job
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -47,14 +46,7 @@ def _start(argv: list[str], log: Path, environ: dict[str, str]) -> subprocess.Po
 
 
 def _stop(p: subprocess.Popen[bytes]) -> int:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-    return p.returncode
+    return stop_job(p)
 
 
 def _alive(pid: int) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import pytest
 
 from hangwatch import env
 from tests.hardening.util import wait_for
+from tests.live.conftest import stop_job
 from tests.support.chaos import AgentProc, CoordinatorProc
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -56,9 +56,7 @@ def _start_job(
 
 
 def _kill(job: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
+    stop_job(job, grace=0)
 
 
 @contextlib.contextmanager

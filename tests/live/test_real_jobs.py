@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from hangwatch.analyzer.report import FindingKind
 from hangwatch.server.web import schemas
 
 from hangwatch import env
-from tests.live.conftest import coordinator_process
+from tests.live.conftest import coordinator_process, stop_job
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.realjob]
 
@@ -117,15 +116,7 @@ def _if(s: schemas.JobSummary | None, state: str) -> schemas.JobSummary | None:
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+    stop_job(p)
 
 
 @contextlib.contextmanager
