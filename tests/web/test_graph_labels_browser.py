@@ -1,8 +1,8 @@
 """The waits-for graph's edge labels, measured in a real browser: none overlaps
 another, none is hidden behind a box, none is cut off by the picture's edge.
 
-On the real 16-rank NCCL incident (six labelled edges into two culprits) and
-on the hang zoo's graphs, cross-group deadlock loops included.
+On the hang zoo's graphs, cross-group deadlock loops included, and on the real
+16-rank NCCL incidents (whose 20 edges are more than are labelled: drawn bare).
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def test_edge_labels_do_not_overlap_in_chromium(tmp_path: Path) -> None:
                 for other, ob in labels[i + 1 :]:
                     assert not _overlap(lb, ob), (name, text, other)
             measured[name] = len(labels)
-    # The real incident's graph was measured, with its six labels.
-    assert measured.get("nvrx/gpu_error_2nd", 0) >= 6, measured
+    # The real incident was drawn and measured. With stream order its graph has 20
+    # edges (each stage's queued collectives wait on its pending p2p), more than
+    # can be labelled, so it is drawn without labels and nothing can overlap.
+    assert "nvrx/gpu_error_2nd" in measured, measured
     assert measured.get("order", 0) >= 2, measured  # the cross-group deadlock's loops
