@@ -425,7 +425,7 @@ class Agent:
             return
         self._ended.add(cmd.incident_id)
         with self._lock:
-            known = {p: (t.rank, t.info.get("proc_starttime")) for p, t in self.trackers.items()}
+            known = {p: (t.rank, t.info.proc_starttime) for p, t in self.trackers.items()}
         res = terminate.answer(
             cmd,
             known,
