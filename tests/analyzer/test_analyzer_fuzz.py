@@ -14,7 +14,8 @@ from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytestmark = pytest.mark.timeout(60)
+# test_bit_flips analyses 100 damaged copies of a bundle: about 60 s on a loaded 2-core machine.
+pytestmark = pytest.mark.timeout(180)
 
 _JOB = SimJob(2)
 _JOB.all("0")
