@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import os
 import shlex
 import socket
 import string
 import sys
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import env
+from hangwatch.addresses import check_http_url, is_loopback
 
 SERVER = "server"
 AGENT = "agent"
@@ -111,6 +110,17 @@ class Config:
             env.HANGWATCH_STALL_TIMEOUT,
             "Seconds a group may sit with some members in a collective others have not entered before an incident starts.",
             [SERVER, DEMO],
+        ),
+    )
+    startup_grace: float = field(
+        default=60.0,
+        metadata=_opt(
+            "--startup-grace",
+            env.HANGWATCH_STARTUP_GRACE,
+            "Seconds a group's first collective may wait for members that have entered none yet"
+            " (ranks start at their own pace: imports, checkpoint loads) before an incident"
+            " starts; the stall timeout when that is longer.",
+            [SERVER],
         ),
     )
     dump_deadline: float = field(
@@ -382,7 +392,10 @@ class Config:
         The one place the CLIs' rules live; raises ValueError.
         """
         positive = {
-            SERVER: ("stall_timeout", "dump_deadline", "agent_lost_timeout", "exclude_timeout"),
+            SERVER: (
+                "stall_timeout", "startup_grace", "dump_deadline", "agent_lost_timeout",
+                "exclude_timeout",
+            ),
             AGENT: ("poll_interval",),
             DEMO: ("stall_timeout", "poll_interval"),
         }.get(command, ())
@@ -453,30 +466,6 @@ class Config:
 
 
 FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Config)
-
-
-def check_http_url(url: str, what: str, *, credentials: bool = True) -> None:
-    """An http(s) URL with a host; ValueError names the setting, never the URL
-    (a webhook URL is often the secret itself)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError as e:
-        raise ValueError(f"{what}: not a URL ({e})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{what}: expected an http:// or https:// URL with a host")
-    if not credentials and (parts.username or parts.password or parts.query):
-        raise ValueError(f"{what}: must not carry credentials or a query")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine only (a coordinator there needs no token)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _field_type(f: dataclasses.Field[Any]) -> str:

@@ -89,7 +89,9 @@ class Coordinator:
         if config.notify_url:
             self.store.on_status_change.append(self.notifier.publish_incident)
         self.registry = JobRegistry(
-            agent_lost_timeout=config.agent_lost_timeout, stall_timeout=config.stall_timeout
+            agent_lost_timeout=config.agent_lost_timeout,
+            stall_timeout=config.stall_timeout,
+            startup_grace=config.startup_grace,
         )
         # Agents' bundles are untrusted: by default analyse them in a capped
         # child process (tests may pass an in-process analyze instead).

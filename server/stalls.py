@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from hangwatch.formats import StallKind
 from hangwatch.server.detector import (
     JobQuiet,
     MemberProgress,
@@ -23,11 +24,21 @@ from hangwatch.server.views import StalledGroup
 
 
 def scan_stalls(
-    job: JobRecord, now: float, stall_timeout: float, over_timeout_only: bool = False
+    job: JobRecord,
+    now: float,
+    stall_timeout: float,
+    over_timeout_only: bool = False,
+    startup_grace: float = 0.0,
 ) -> list[StalledGroup]:
     """Every group's stall pattern; with `over_timeout_only`, skip without a
     look at its members every group that progressed within the timeout (the
-    detector's pass runs often and must stay cheap at thousands of ranks)."""
+    detector's pass runs often and must stay cheap at thousands of ranks).
+
+    A stall in a group's first collective is over its timeout only after
+    `startup_grace` too: its members that have entered nothing may just be
+    slower to start (imports, a checkpoint load, a restarted attempt's
+    processes spawned seconds apart), and --on-hang abort must not end a job
+    for that."""
     out: list[StalledGroup] = []
     for g in sorted_groups(job.groups):
         if over_timeout_only and now - g.last_progress < stall_timeout:
@@ -67,7 +78,12 @@ def scan_stalls(
         if st is not None:
             # The detector's pattern, field for field, plus the timeout verdict.
             fields = {f.name: getattr(st, f.name) for f in dataclasses.fields(st)}
-            out.append(StalledGroup(**fields, over_timeout=st.stalled_for_s >= stall_timeout))
+            timeout = stall_timeout
+            if st.kind == StallKind.STALL and st.seq == 1:
+                timeout = max(stall_timeout, startup_grace)
+            over = st.stalled_for_s >= timeout
+            if over or not over_timeout_only:
+                out.append(StalledGroup(**fields, over_timeout=over))
     return out
 
 

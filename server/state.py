@@ -92,10 +92,12 @@ class JobRegistry:
         *,
         agent_lost_timeout: float = 10.0,
         stall_timeout: float = 10.0,
+        startup_grace: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.agent_lost_timeout = agent_lost_timeout
         self.stall_timeout = stall_timeout
+        self.startup_grace = startup_grace
         self._clock = clock
         self._lock = threading.RLock()
         self._jobs: dict[str, JobRecord] = {}
@@ -163,7 +165,9 @@ class JobRegistry:
             if job is None:
                 return None
             now = self._clock()
-            return job_snapshot(job, now, scan_stalls(job, now, self.stall_timeout))
+            return job_snapshot(
+                job, now, scan_stalls(job, now, self.stall_timeout, startup_grace=self.startup_grace)
+            )
 
     # ---- writes from the gRPC handlers -------------------------------------
 
@@ -372,7 +376,9 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             if job is None:
                 return []
-            return scan_stalls(job, self._clock(), self.stall_timeout, over_timeout_only)
+            return scan_stalls(
+                job, self._clock(), self.stall_timeout, over_timeout_only, self.startup_grace
+            )
 
     def quiet(self, job_id: str) -> JobQuiet | None:
         """The job stopped making progress with no collective in flight, past

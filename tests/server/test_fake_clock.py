@@ -248,6 +248,29 @@ def test_a_group_stalls_only_once_the_stall_timeout_passes(env: Env) -> None:
 
 
 @pytest.mark.timeout(10)
+def test_a_first_collective_waits_out_the_startup_grace(env: Env) -> None:
+    """Ranks start at their own pace: a member that has entered nothing yet is
+    not a stall until the grace passes, while a later collective stalls on
+    the plain timeout and a mismatch at #1 is not made to wait at all."""
+    env.registry.startup_grace = 3 * STALL
+    _stall_pattern(env, seq=1)
+    env.clock.advance(STALL)
+    [st] = env.registry.stalls(JOB)
+    assert (st.seq, st.kind, st.not_entered_ranks, st.over_timeout) == (1, "stall", [3], False)
+    assert _over(env.registry) == []
+    env.clock.advance(2 * STALL - 0.25)
+    assert _over(env.registry) == []
+    env.clock.advance(0.25)
+    [st] = _over(env.registry)
+    assert st.seq == 1 and st.stalled_for_s == pytest.approx(3 * STALL)
+    # Once every member has been through #1 the plain timeout is back.
+    _stall_pattern(env, seq=2)
+    env.clock.advance(STALL)
+    [st] = _over(env.registry)
+    assert st.seq == 2
+
+
+@pytest.mark.timeout(10)
 def test_progress_restarts_the_stall_clock(env: Env) -> None:
     _stall_pattern(env, seq=5)
     env.clock.advance(STALL - 2)
