@@ -68,14 +68,8 @@ class LiveJob:
         return schemas.IncidentDetail.model_validate(got.json())
 
     def unresolved(self) -> list[schemas.IncidentSummary]:
-        """The job's incidents but the transient stalls that resolved.
-
-        On these loaded 2-core machines a rank's flight recorder can show its
-        first collectives seconds after a peer's (measured: one rank's FR
-        empty while py-spy had it in its first forward, then 7 collectives at
-        once), which a 5 s stall timeout opens and resolves as a transient
-        stall at startup. A healthy job must leave nothing else.
-        """
+        """The job's incidents but the transient stalls that resolved (a slow
+        evaluation is one)."""
         return [i for i in self.incidents() if i.status != "resolved"]
 
     def wait(self, what: str, value: Callable[[], T | None], timeout: float = 60.0) -> T:
@@ -192,7 +186,11 @@ def test_healthy_ddp_raises_nothing_and_ends(server: dict[str, str], tmp_path: P
         s = j.ended()
         assert s.ended_reason == "every rank of the job exited" and not s.live
         assert s.oldest_inflight_age_s is None and s.stalled_groups == 0
-        assert j.unresolved() == []
+        # Not even a transient stall: on a loaded 2-core machine one rank can
+        # reach its first collective seconds after its peers (measured: its FR
+        # empty while py-spy had it in its first forward), which the start-up
+        # grace absorbs.
+        assert j.incidents() == []
 
 
 @pytest.mark.timeout(120)
@@ -200,7 +198,7 @@ def test_healthy_fsdp2_raises_nothing(server: dict[str, str], tmp_path: Path) ->
     with live_job(server, tmp_path, "fsdp2") as j:
         assert j.finished() == 0, j.output()
         j.ended()
-        assert j.unresolved() == []
+        assert j.incidents() == []
 
 
 @pytest.mark.timeout(150)
