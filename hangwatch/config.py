@@ -393,7 +393,10 @@ class Config:
         """
         positive = {
             SERVER: (
-                "stall_timeout", "startup_grace", "dump_deadline", "agent_lost_timeout",
+                "stall_timeout",
+                "startup_grace",
+                "dump_deadline",
+                "agent_lost_timeout",
                 "exclude_timeout",
             ),
             AGENT: ("poll_interval",),

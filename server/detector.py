@@ -49,6 +49,9 @@ class GroupStall:
     not_entered_ranks: list[int]
     dead_ranks: list[int] = field(default_factory=list)
     unobserved_ranks: list[int] = field(default_factory=list)
+    # For a mismatch: each op entered at `seq`, with the ranks that entered it
+    # (what the trigger line names, so it agrees with the verdict).
+    ops_entered: dict[str, list[int]] = field(default_factory=dict)
     stalled_for_s: float = 0.0
 
 
@@ -84,11 +87,10 @@ def find_group_stall(
         return None
     # Agents learn a rank's in-flight op only once it has been in flight a
     # while, so compare just the ops that are known.
-    ops_at_seq = {
-        p.in_flight_op
-        for p in observed.values()
-        if p.last_completed + 1 == seq and p.last_enqueued >= seq and p.in_flight_op
-    }
+    ops_at_seq: dict[str, list[int]] = {}
+    for p in sorted(observed.values(), key=lambda p: p.rank):
+        if p.last_completed + 1 == seq and p.last_enqueued >= seq and p.in_flight_op:
+            ops_at_seq.setdefault(p.in_flight_op, []).append(p.rank)
     if not_entered:
         kind = StallKind.STALL
     elif len(ops_at_seq) > 1:
@@ -108,6 +110,7 @@ def find_group_stall(
         not_entered_ranks=not_entered,
         dead_ranks=dead,
         unobserved_ranks=unobserved,
+        ops_entered=ops_at_seq if kind == StallKind.MISMATCH else {},
         stalled_for_s=max(0.0, no_progress_for_s),
     )
 

@@ -118,7 +118,8 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     # blocks the default group behind it).
     first = min(fresh, key=lambda s: (-s.stalled_for_s, s.seq, s.group))
     kind = _STALL_TRIGGERS.get(first.kind, TriggerKind.STALL)
-    op = f" ({first.op})" if first.op else ""
+    # A mismatch has no one op: its ops are named below, each with its ranks.
+    op = f" ({first.op})" if first.op and not first.ops_entered else ""
     reason = (
         f"group {first.group} stalled at seq {first.seq}{op}: "
         f"ranks {fmt_ranks(first.waiting_ranks)} waiting"
@@ -127,6 +128,14 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
         reason += f", ranks {fmt_ranks(first.not_entered_ranks)} not entered"
     if first.kind == StallKind.MISMATCH:
         reason += ", but members entered different ops at that seq"
+        if first.ops_entered:
+            reason += (
+                " ("
+                + "; ".join(
+                    f"{o} on ranks {fmt_ranks(r)}" for o, r in sorted(first.ops_entered.items())
+                )
+                + ")"
+            )
     if first.dead_ranks:
         reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
     if first.unobserved_ranks:
@@ -150,6 +159,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
                     "dead_ranks": s.dead_ranks,
                     "unobserved_ranks": s.unobserved_ranks,
                     "stalled_for_s": round(s.stalled_for_s, 3),
+                    **({"ops_entered": s.ops_entered} if s.ops_entered else {}),
                 }
                 for s in stalls
             ],

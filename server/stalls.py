@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from hangwatch.formats import StallKind
 from hangwatch.server.detector import (
     JobQuiet,
     MemberProgress,
@@ -21,6 +20,8 @@ from hangwatch.server.detector import (
 )
 from hangwatch.server.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
 from hangwatch.server.views import StalledGroup
+
+from hangwatch.formats import StallKind
 
 
 def scan_stalls(

@@ -166,7 +166,9 @@ class JobRegistry:
                 return None
             now = self._clock()
             return job_snapshot(
-                job, now, scan_stalls(job, now, self.stall_timeout, startup_grace=self.startup_grace)
+                job,
+                now,
+                scan_stalls(job, now, self.stall_timeout, startup_grace=self.startup_grace),
             )
 
     # ---- writes from the gRPC handlers -------------------------------------

@@ -74,6 +74,8 @@ class StalledGroup:
     kind: StallKind = StallKind.STALL
     dead_ranks: list[int] = field(default_factory=list)
     unobserved_ranks: list[int] = field(default_factory=list)
+    # A mismatch's ops at `seq`, each with the ranks that entered it.
+    ops_entered: dict[str, list[int]] = field(default_factory=dict)
     over_timeout: bool = False  # True once stalled_for_s >= the stall timeout
 
 

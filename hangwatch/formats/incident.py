@@ -36,7 +36,8 @@ class IncidentDoc:
     # "detail" (crashes "how", "exception"); stall triggers add "stalled": one
     # object per stalled collective with "group", "seq", "op", "kind" (a
     # StallKind value), "waiting_ranks", "not_entered_ranks", "dead_ranks",
-    # "unobserved_ranks", "stalled_for_s".
+    # "unobserved_ranks", "stalled_for_s" and, for a mismatch, "ops_entered"
+    # (op -> the ranks that entered it).
     trigger: dict[str, Any] = field(default_factory=dict)
     world_size: int | None = None  # None: no agent reported one
     ranks_expected: tuple[int, ...] = ()  # the ranks asked to dump

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 from hangwatch.server.detector import MemberProgress, find_group_stall
+from hangwatch.server.incident_triggers import stall_trigger
+from hangwatch.server.views import StalledGroup
 
 
 def _p(rank: int, le: int, lc: int, **kw: object) -> MemberProgress:
@@ -74,6 +76,12 @@ def test_members_in_different_ops_at_the_same_seq_are_a_mismatch_stall() -> None
     stall = find_group_stall(group="0", members=range(4), progress=progress, no_progress_for_s=3.0)
     assert stall is not None and stall.kind == "mismatch"
     assert stall.not_entered_ranks == [] and stall.waiting_ranks == [0, 1, 2, 3]
+    assert stall.ops_entered == {"all_reduce": [0, 1, 2], "broadcast": [3]}
+    # The trigger line names both ops and no single one (one story per incident).
+    fields = {k: getattr(stall, k) for k in stall.__dataclass_fields__}
+    t = stall_trigger([StalledGroup(**fields)], [StalledGroup(**fields)], now=100.0)
+    assert t.reason.startswith("group 0 stalled at seq 5: ranks 0-3 waiting"), t.reason
+    assert "(all_reduce on ranks 0-2; broadcast on ranks 3)" in t.reason, t.reason
 
 
 def test_same_op_everywhere_with_unknown_ops_is_still_healthy() -> None:
