@@ -129,13 +129,9 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     if first.kind == StallKind.MISMATCH:
         reason += ", but members entered different ops at that seq"
         if first.ops_entered:
-            reason += (
-                " ("
-                + "; ".join(
-                    f"{o} on ranks {fmt_ranks(r)}" for o, r in sorted(first.ops_entered.items())
-                )
-                + ")"
-            )
+            # The analyzer's op-mismatch finding words it the same way.
+            ops = sorted(first.ops_entered.items())
+            reason += ": " + ", ".join(f"{o} on {fmt_ranks(r)}" for o, r in ops)
     if first.dead_ranks:
         reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
     if first.unobserved_ranks:

@@ -1,13 +1,13 @@
 """A gloo training loop that knows nothing of hangwatch, with one rank optionally slower.
 
-    python straggler_job.py STORE RANK WORLD SECONDS SLOW_RANK
+    python straggler_job.py STORE RANK WORLD SECONDS SLOW_RANK [SLOWDOWN]
 
 It stops after SECONDS, or as soon as the file STORE.stop exists.
 
 Every step is two chunks of work, each followed by an all_reduce. A chunk is
 `WORK_S` of waiting (the device time the host waits for on a real job) and,
-on SLOW_RANK (-1: none), half as much again of real CPU compute: a rank
-about 50% slower per step. The ranks agree when to stop, so none is left in a
+on SLOW_RANK (-1: none), SLOWDOWN (default 0.5) as much again of real CPU
+compute: a rank about 50% slower per step by default. The ranks agree when to stop, so none is left in a
 collective; the script exits 0 and prints its median step time.
 """
 
@@ -25,6 +25,7 @@ store, rank, world, seconds, slow = (
     *map(int, sys.argv[2:4]),
     *map(float, sys.argv[4:6]),
 )
+slowdown = float(sys.argv[6]) if len(sys.argv) > 6 else 0.5
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 grad = torch.ones(4096)
 go = torch.ones(1)
@@ -39,7 +40,7 @@ while True:
     for _ in range(2):
         time.sleep(WORK_S)
         if rank == int(slow):
-            spin_until = time.thread_time() + WORK_S / 2
+            spin_until = time.thread_time() + WORK_S * slowdown
             x = torch.ones(64, 64)
             while time.thread_time() < spin_until:
                 x = x @ x / 64.0

@@ -217,7 +217,9 @@ def test_ddp_uneven_batches_hang_is_an_op_mismatch(server: dict[str, str], tmp_p
             f.seq == seq
             and f.detail == f"different ops at seq {seq}: all_reduce on 0, barrier on 1"
         )
-        assert f"stalled at seq {seq} " in inc.reason  # the trigger line names the same collective
+        # The trigger line names the same collective and the same two ops.
+        assert f"stalled at seq {seq}: " in inc.reason, inc.reason
+        assert "different ops at that seq: all_reduce on 0, barrier on 1;" in inc.reason
         s = j.summary()
         assert s is not None and s.state == "live", s
 
