@@ -1,4 +1,4 @@
-"""A one-minute soak (benchmarks/soak.py): coordinator and agent memory stays flat.
+"""A 40-second soak (benchmarks/soak.py): coordinator and agent memory stays flat.
 
 The 10-minute run and its numbers are in docs/operations.md ("Promises —
 measured"). Here the bound is generous (a box shared with other tests is
@@ -20,17 +20,17 @@ MAX_GROWTH_MB = 24.0
 
 
 @pytest.mark.timeout(150)
-def test_one_minute_soak_rss_is_flat(tmp_path: Path) -> None:
+def test_short_soak_rss_is_flat(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("hardening_soak", SOAK)
     assert spec is not None and spec.loader is not None
     soak = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = soak
     spec.loader.exec_module(soak)
-    res = soak.run_soak(seconds=60, interval=5, world=2, workdir=tmp_path)
+    res = soak.run_soak(seconds=40, interval=4, world=2, workdir=tmp_path)
     s = res["summary"]
     print({k: v for k, v in s.items()})
     assert res["false_alarms"] == 0
     assert res["ranks_observed_at_end"] == 2
-    assert len(res["samples"]) >= 12
+    assert len(res["samples"]) >= 10
     for proc in ("coordinator", "agent"):
         assert s[proc]["growth_after_warmup_mb"] < MAX_GROWTH_MB, (proc, s[proc])
