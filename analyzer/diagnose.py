@@ -74,6 +74,7 @@ def _diagnose(
     blamed = blame_in_cycles(roots, cycles, waits)
     mismatches = find_mismatches(entries, groups)
     d = decide(scope, waits, blamed, mismatches, p2p.blocked, outside)
+    crash = wording.crash_head(loaded.incident.trigger) if loaded.incident else None
 
     found: list[Finding] = fnd.mismatch_findings(mismatches)
     stalled: StalledCollective | None = None
@@ -114,7 +115,7 @@ def _diagnose(
         elif d.verdict == "unknown":
             summary = wording.unknown_summary(scope.unknown_groups())
         elif d.verdict == "no-culprit-visible":
-            summary = wording.no_culprit_summary(d.blocked_any)
+            summary = wording.no_culprit_summary(d.blocked_any, crashed=crash is not None)
         else:
             summary = wording.healthy_summary(d.blocked_any)
     found += fnd.p2p_findings(scope, p2p.unmatched, set(d.lagging))
@@ -139,7 +140,10 @@ def _diagnose(
         cycles=cycles,
         evidence=rank_evidence(scope, sorted(d.lagging), waits, stalled),
     )
-    return with_stack_diagnosis(report, loaded.rank_meta)  # where FR sees no culprit
+    report = with_stack_diagnosis(report, loaded.rank_meta)  # where FR sees no culprit
+    if crash is not None:
+        report.summary = f"{crash.rstrip('.')}. {report.summary.strip()}".strip()
+    return report
 
 
 def _without_weak_blame(waits: list[Wait]) -> tuple[list[Wait], set[int]]:

@@ -8,7 +8,8 @@ collectives are named.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hangwatch.analyzer.graph import cycle_sides
 from hangwatch.analyzer.groups import GroupMeta
@@ -18,6 +19,8 @@ from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
 from hangwatch.analyzer.waits import Unmatched, Wait
+
+from hangwatch.formats import TriggerKind
 
 # ---------- names ----------
 
@@ -187,16 +190,40 @@ def outside_selection(groups: dict[str, GroupMeta], outside: list[Wait]) -> str:
     return f"unfinished work with ranks whose dumps are not selected: {shown}{more}"
 
 
-def no_culprit_summary(blocked_any: bool) -> str:
+def no_culprit_summary(blocked_any: bool, crashed: bool = False) -> str:
+    # After a crash nothing "stalled": the survivors' dumps are what is read.
     if blocked_any:
         return (
-            "A stall was reported; every collective in flight has been entered by all of "
-            "its members, so FR cannot say which rank is slow inside it; see the per-rank stacks."
+            ("In the survivors' dumps, " if crashed else "A stall was reported; ")
+            + "every collective in flight has been entered by all of its members, so FR "
+            "cannot say which rank is slow inside it; see the per-rank stacks."
         )
     return (
-        "A stall was reported, but the flight recorder shows no rank waiting on a lagging "
-        "rank: the culprit is not visible in FR; see the per-rank stacks."
+        ("In the survivors' dumps, " if crashed else "A stall was reported, but ")
+        + "the flight recorder shows no rank waiting on a lagging rank: the culprit is not "
+        "visible in FR; see the per-rank stacks."
     )
+
+
+def crash_head(trigger: Mapping[str, Any]) -> str | None:
+    """A crash incident's opening (who died, how, the exception), from the
+    trigger incident.json records; None for every other incident. It comes
+    first: the survivors' verdict follows it, so one story names the cause."""
+    if trigger.get("kind") != TriggerKind.CRASH:
+        return None
+    rank = trigger.get("rank")
+    who = f"Rank {rank}" if type(rank) is int and rank >= 0 else "A rank"
+    how = _printable(trigger.get("how"), 120) or "process gone"
+    exc = _printable(trigger.get("exception"), 300)
+    return f"{who} crashed ({how})" + (f": {exc}" if exc else "")
+
+
+def _printable(value: object, limit: int) -> str:
+    """The first line of an agent-reported text, control characters out, capped:
+    it came from the crashed process and is shown in terminals and pages."""
+    text = str(value or "").strip()
+    first = text.splitlines()[0] if text else ""
+    return "".join(c for c in first if c.isprintable())[:limit].strip()
 
 
 def healthy_summary(blocked_any: bool) -> str:

@@ -22,7 +22,7 @@ from hangwatch.server.metrics import Metrics
 from hangwatch.server.state import JobRegistry
 from hangwatch.server.store import IncidentStore
 
-from hangwatch.formats import MissingReason, TriggerKind
+from hangwatch.formats import MissingReason
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server.incidents")
@@ -59,7 +59,6 @@ def analyse_and_store(
     report = analyze(bundle, inc.world_size)
     metrics.observe("hangwatch_analysis_seconds", time.monotonic() - t0)
     report = mark_unobserved(report, unreachable)
-    report = mark_crash(report, inc)
     detection_s = registry.now() - inc.onset
     store.finish_incident(inc.incident_id, report=report, detection_s=detection_s)
     metrics.inc(
@@ -147,29 +146,4 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
     elif innocent:
         note += " and are not blamed"
     report.summary = f"{report.summary.rstrip()} {note}.".strip()
-    return report
-
-
-# The analyzer words a verdict without knowing what opened the incident; these
-# openings assume a stall, which a crash incident is not.
-_STALL_OPENINGS = ("A stall was reported; ", "A stall was reported, but ")
-
-
-def mark_crash(report: Report, inc: Collection) -> Report:
-    """A crash incident's summary starts with the crash (who, how, the exception):
-    the survivors' FR verdict follows it, so one story names the cause first."""
-    if inc.trigger != TriggerKind.CRASH:
-        return report
-    info = inc.trigger_info
-    rank = info.get("rank")
-    who = f"Rank {rank}" if isinstance(rank, int) and rank >= 0 else "A rank"
-    how = str(info.get("how") or "process gone")
-    exc = str(info.get("exception") or "").strip()[:300]
-    head = f"{who} crashed ({how})" + (f": {exc}" if exc else "")
-    rest = report.summary.strip()
-    for opening in _STALL_OPENINGS:
-        if rest.startswith(opening):
-            rest = "In the survivors' dumps, " + rest[len(opening) :]
-            break
-    report.summary = f"{head.rstrip('.')}. {rest}".strip()
     return report

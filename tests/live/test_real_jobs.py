@@ -232,6 +232,10 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
         assert inc.trigger == "crash", inc
         # The rank that died first, and why; rank 0 only lost its peer.
         assert inc.reason.startswith("rank 1 crashed"), inc.reason
+        # The verdict opens with the crash too, worded by the analyzer.
+        assert inc.summary.startswith("Rank 1 crashed ("), inc.summary
+        assert "corrupt sample in batch 10" in inc.summary, inc.summary
+        assert "A stall was reported" not in inc.summary, inc.summary
         assert "RuntimeError: rank 1: corrupt sample in batch 10" in inc.reason, inc.reason
         assert inc.report is not None
         assert inc.report.evidence[1].exceptions == [

@@ -1,0 +1,68 @@
+"""A crash incident's verdict opens with the crash, offline as live.
+
+The coordinator records the crash (who, how, the exception) in incident.json's
+trigger; the analyzer reads it there, so `hangwatch analyze BUNDLE` on a crash
+bundle tells the same story as the dashboard, and no sentence assumes a stall.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hangwatch.analyzer import analyze_path
+
+from hangwatch import formats
+from hangwatch.formats import IncidentDoc
+from tests.helpers import GOLDEN_DIR
+
+EXC = "RuntimeError: rank 1: corrupt sample in batch 10"
+
+
+def _bundle(tmp_path: Path, golden: str, trigger: dict[str, object]) -> Path:
+    d = tmp_path / golden
+    shutil.copytree(GOLDEN_DIR / golden, d)
+    doc = IncidentDoc(id="crash-1", job_id="job", reason="rank 1 crashed", trigger=trigger)
+    (d / formats.INCIDENT_FILE).write_text(json.dumps(doc.to_json()))
+    return d
+
+
+def _world(golden: str) -> int:
+    return int(json.loads((GOLDEN_DIR / golden / "manifest.json").read_text())["world_size"])
+
+
+@pytest.mark.timeout(60)
+def test_no_culprit_after_a_crash_reads_the_survivors_not_a_stall(tmp_path: Path) -> None:
+    crash = {"kind": "crash", "rank": 1, "how": "exit code 1", "exception": EXC}
+    report = analyze_path(_bundle(tmp_path, "healthy", crash), world_size=_world("healthy"))
+    assert report.verdict == "no-culprit-visible", report.summary
+    assert report.summary.startswith(f"Rank 1 crashed (exit code 1): {EXC}. In the survivors'")
+    assert "A stall was reported" not in report.summary
+
+
+@pytest.mark.timeout(60)
+def test_a_hang_after_a_crash_keeps_its_verdict_behind_the_crash(tmp_path: Path) -> None:
+    plain = analyze_path(GOLDEN_DIR / "skip", world_size=_world("skip"))
+    crash = {"kind": "crash", "rank": -1, "how": "killed by SIGKILL", "exception": ""}
+    report = analyze_path(_bundle(tmp_path, "skip", crash), world_size=_world("skip"))
+    assert (report.verdict, report.lagging_ranks) == (plain.verdict, plain.lagging_ranks)
+    assert report.summary == f"A rank crashed (killed by SIGKILL). {plain.summary}"
+
+
+@pytest.mark.timeout(60)
+def test_hostile_crash_text_stays_one_bounded_line(tmp_path: Path) -> None:
+    crash = {"kind": "crash", "rank": True, "how": "x\n" * 500, "exception": "\x1b[2J" + "E" * 9000}
+    report = analyze_path(_bundle(tmp_path, "healthy", crash), world_size=_world("healthy"))
+    head = report.summary.split(". In the survivors'")[0]
+    assert head.startswith("A rank crashed (") and "\n" not in head and "\x1b" not in head
+    assert len(head) < 500
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_incident_is_not_worded_as_a_crash(tmp_path: Path) -> None:
+    report = analyze_path(
+        _bundle(tmp_path, "healthy", {"kind": "stall"}), world_size=_world("healthy")
+    )
+    assert report.summary.startswith("A stall was reported"), report.summary
