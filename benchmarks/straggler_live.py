@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hangwatch import env
 from tests.support.chaos import AgentProc, CoordinatorProc
+from tests.support.lateness_api import wait_scored
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "live" / "straggler_job.py"
@@ -61,7 +61,7 @@ def run_case(
         ranks = [_rank(environ, run_dir, store, r, world, seconds, slow, slowdown, how, tmp)
                  for r in range(world)]  # fmt: skip
         try:
-            started = _wait_scored(coord, job, world)
+            started = wait_scored(coord.api, job, world, timeout=120)
             named_at: float | None = None
             false: dict[int, float] = {}
             view: dict[str, Any] = {}
@@ -108,19 +108,6 @@ def _rank(
             str(seconds + 300), str(slow), str(slowdown), how]  # fmt: skip
     with (tmp / f"rank{rank}.log").open("wb") as log:
         return subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE, stderr=log, text=True)
-
-
-def _wait_scored(coord: CoordinatorProc, job: str, world: int, timeout: float = 120) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            view = coord.api(f"/api/jobs/{job}/stragglers")
-        except urllib.error.HTTPError:
-            view = {"ranks": []}
-        if len(view["ranks"]) == world and all(r["ticks"] > 0 for r in view["ranks"]):
-            return time.monotonic()
-        time.sleep(0.5)
-    raise RuntimeError(f"no lateness for {job} within {timeout:.0f}s")
 
 
 def main() -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from hangwatch import env
+from tests.support.lateness_api import wait_scored
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -96,17 +97,7 @@ def _rank(
 
 
 def _wait_scored(coordinator: dict[str, str], job_id: str, timeout: float = 90) -> float:
-    """When every rank first has lateness ticks: training has started and is being read."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            view = _get(coordinator, f"/api/jobs/{job_id}/stragglers")
-        except urllib.error.HTTPError:
-            view = {"ranks": []}
-        if len(view["ranks"]) == WORLD and all(r["ticks"] > 0 for r in view["ranks"]):
-            return time.monotonic()
-        time.sleep(0.5)
-    raise AssertionError(f"no lateness for {job_id} within {timeout:.0f}s")
+    return wait_scored(lambda path: _get(coordinator, path), job_id, WORLD, timeout)
 
 
 @pytest.mark.timeout(300)
