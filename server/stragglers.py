@@ -29,6 +29,7 @@ is cleared once its score over the last CLEAR_TICKS falls below P_CLEAR.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import statistics
@@ -257,6 +258,10 @@ class StragglerMonitor:
         now = self._clock_ns()
         with self._lock:
             job = self._job(req.job_id)
+            # One agent reads its ranks within milliseconds: within an eighth of
+            # a tick of a grid instant, that instant is the nearest (instants are
+            # at least half a tick apart), so most ranks skip the search.
+            near_tick, near_ns = -1, 0
             for rp in req.ranks:
                 if rp.status_at_ns <= 0 or rp.state != pb.PROCESS_STATE_RUNNING:
                     continue
@@ -264,7 +269,11 @@ class StragglerMonitor:
                 if abs(at - now) > MAX_SKEW_TICKS * self.tick_ns:
                     job.dropped_late += 1  # not now on our clock: a wrong clock, or a replay
                     continue
-                tick, off = pollgrid.nearest(at, self.tick_ns)
+                if near_tick >= 0 and abs(at - near_ns) <= self.tick_ns // 8:
+                    tick, off = near_tick, abs(at - near_ns)
+                else:
+                    tick, off = pollgrid.nearest(at, self.tick_ns)
+                    near_tick, near_ns = tick, pollgrid.instant_ns(tick, self.tick_ns)
                 if off > self.tick_ns // 8:
                     continue  # off the grid: an agent polling faster than the ticks
                 if tick <= job.scored_through:
@@ -383,6 +392,12 @@ class StragglerMonitor:
         if not todo:
             return out
         scores = {rank: t.score() for rank, t in g.tracks.items()}
+        # The peers' medians for each candidate, from one sort per group and
+        # tick: a median over the others per candidate was O(members²) per
+        # tick once noise lifted many CUSUMs at thousands of ranks.
+        by_score = sorted(scores.values())
+        by_err = sorted(t.err_s for t in g.tracks.values())
+        by_noise = sorted(t.noise() for t in g.tracks.values())
         for rank, t in todo:
             if t.flagged_at is not None:
                 if t.score(CLEAR_TICKS) < P_CLEAR and (t.started_score() or 0.0) < P_CLEAR:
@@ -392,15 +407,14 @@ class StragglerMonitor:
             if t.cusum < CUSUM_H or t.seen.bit_count() < MIN_TICKS:
                 continue
             p = max(scores[rank], t.started_score() or 0.0)
-            others = [r for r in g.tracks if r != rank]
-            if not others:
+            if len(g.tracks) < 2:
                 continue
             # A clock error of e shifts a rank's share behind by up to rate * e:
             # that much of the excess proves nothing (NTP's bound is half the round trip).
-            err = t.err_s + statistics.median(g.tracks[r].err_s for r in others)
-            excess = p - statistics.median(scores[r] for r in others) - g.rate * err
+            err = t.err_s + median_without(by_err, t.err_s)
+            excess = p - median_without(by_score, scores[rank]) - g.rate * err
             # The peers' own behind-or-ahead share is the noise a healthy rank shows.
-            var = max(NOISE_FLOOR, statistics.median(g.tracks[r].noise() for r in others))
+            var = max(NOISE_FLOOR, median_without(by_noise, t.noise()))
             n = t.seen.bit_count()
             if (
                 excess >= P_FLAG
@@ -481,3 +495,17 @@ class StragglerMonitor:
         else:
             self._jobs.move_to_end(job_id)
         return job
+
+
+def median_without(ordered: list[float], value: float) -> float:
+    """The median of `ordered` (sorted, holding `value`) with one `value` left
+    out: statistics.median of the rest, in O(log n)."""
+    k = bisect.bisect_left(ordered, value)
+    m = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j] if j < k else ordered[j + 1]
+
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2

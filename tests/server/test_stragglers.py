@@ -7,8 +7,11 @@ and fed to `StragglerMonitor` as real ProgressReports.
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
-from hangwatch.server.stragglers import KIND_DEVICE, KIND_HOST, StragglerMonitor
+from hangwatch.server.stragglers import KIND_DEVICE, KIND_HOST, StragglerMonitor, median_without
 
 from hangwatch.wire import pb
 from tests.support.simagents.lateness import SimJob, replay
@@ -120,3 +123,15 @@ def test_two_rank_job() -> None:
     r = replay(SimJob(ranks=2, slow={1: 0.5}), 120, clock_error_s=CLOCK_ERROR_S, per_agent=1)
     assert [s.rank for _, s in r.flags] == [1]
     assert r.flags[0][0] <= 90
+
+
+@pytest.mark.timeout(10)
+def test_median_without_is_the_median_of_the_others() -> None:
+    rng = random.Random(7)
+    for n in (2, 3, 4, 5, 8, 33):
+        for _ in range(50):
+            vals = [rng.choice([0.0, 0.01, 0.02, rng.random()]) for _ in range(n)]
+            ordered = sorted(vals)
+            for i, v in enumerate(vals):
+                rest = vals[:i] + vals[i + 1 :]
+                assert median_without(ordered, v) == statistics.median(rest)
