@@ -105,6 +105,10 @@ class LiveJob:
         return self.wait("an analysed incident", first)
 
 
+def _if_all(items: list[T], ok: Callable[[T], bool]) -> list[T] | None:
+    return items if items and all(ok(i) for i in items) else None
+
+
 def _if(s: schemas.JobSummary | None, state: str) -> schemas.JobSummary | None:
     return s if s is not None and s.state == state else None
 
@@ -243,8 +247,13 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
         ]
         s = j.ended()
         assert s.oldest_inflight_age_s is None and s.open_incident is None
-        (only,) = j.unresolved()
-        assert only.id == inc.id and only.status == "ended" and not only.open
+        # The incident ends at the coordinator's next tick after the job does.
+        (only,) = j.wait(
+            "the crash incident to end",
+            lambda: _if_all(j.unresolved(), lambda i: i.status == "ended"),
+            timeout=10,
+        )
+        assert only.id == inc.id and not only.open
 
 
 @pytest.mark.timeout(150)
