@@ -468,6 +468,24 @@ class IncidentStore:
             ).fetchall()
         return [(r["job_id"], r["v"], r["status"], r["n"], r["oldest"]) for r in rows]
 
+    def newest_open(self, job_id: str | None = None) -> dict[str, str]:
+        """job -> the id of its newest open incident (collecting, or analyzed and
+        not yet resolved or ended): what a job's "open incident" is, after
+        collection as well as during it."""
+        marks = ", ".join("?" for _ in OPEN_STATUSES)
+        where = "" if job_id is None else " AND job_id = ?"
+        args = (*OPEN_STATUSES, *(() if job_id is None else (job_id,)))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT job_id, id, created FROM incidents WHERE status IN ({marks}){where}",
+                args,
+            ).fetchall()
+        newest: dict[str, tuple[float, str]] = {}
+        for r in rows:
+            if r["job_id"] not in newest or r["created"] > newest[r["job_id"]][0]:
+                newest[r["job_id"]] = (r["created"], r["id"])
+        return {job: iid for job, (_, iid) in newest.items()}
+
     def journal_mode(self) -> str:
         with self._lock:
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])

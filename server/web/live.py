@@ -103,7 +103,11 @@ def tooltip(r: schemas.RankState) -> str:
     return " | ".join(parts)
 
 
-def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
+def job_ranks(
+    snap: JobSnapshot, oldest: float | None, open_incident: str | None = None
+) -> schemas.JobRanks:
+    """`open_incident`: the job's newest open incident as stored, shown when
+    none is being collected (the registry knows only the one it collects)."""
     suspects = {r for st in snap.stalled for r in st.not_entered_ranks}
     by_name = {g.name: g for g in snap.groups}
     # torch's "undefined" for a group nobody named reaches people as "".
@@ -157,7 +161,7 @@ def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
             )
             for a in sorted(snap.agents, key=lambda a: (a.connected, _natural(a.agent_id)))
         ],
-        open_incident=snap.open_incident,
+        open_incident=snap.open_incident or open_incident,
         oldest_inflight_age_s=None if snap.ended else oldest,
     )
 
@@ -165,6 +169,7 @@ def job_ranks(snap: JobSnapshot, oldest: float | None) -> schemas.JobRanks:
 def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.JobSummary]:
     """Live jobs first (by name), then jobs known only from stored incidents."""
     stored = {j.job_id: j for j in store.list_jobs()}
+    open_ids = store.newest_open()
     out: list[schemas.JobSummary] = []
     for job_id in registry.jobs():
         snap = registry.snapshot(job_id)
@@ -184,7 +189,7 @@ def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.J
                 agents_total=len(snap.agents),
                 stalled_groups=len(snap.stalled),
                 oldest_inflight_age_s=None if snap.ended else registry.oldest_in_flight_age(job_id),
-                open_incident=snap.open_incident,
+                open_incident=snap.open_incident or open_ids.get(job_id),
                 incidents=row.incidents if row else 0,
                 first_seen=row.first_seen if row else None,
                 last_seen=row.last_seen if row else None,
@@ -194,6 +199,7 @@ def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.J
         schemas.JobSummary(
             job=row.job_id,
             live=False,
+            open_incident=open_ids.get(row.job_id),
             incidents=row.incidents,
             first_seen=row.first_seen,
             last_seen=row.last_seen,

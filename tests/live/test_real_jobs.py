@@ -245,8 +245,7 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
         assert inc.report.evidence[1].exceptions == [
             "thread MainThread: RuntimeError: rank 1: corrupt sample in batch 10"
         ]
-        s = j.ended()
-        assert s.oldest_inflight_age_s is None and s.open_incident is None
+        j.ended()
         # The incident ends at the coordinator's next tick after the job does.
         (only,) = j.wait(
             "the crash incident to end",
@@ -254,6 +253,8 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
             timeout=10,
         )
         assert only.id == inc.id and not only.open
+        s = j.summary()
+        assert s is not None and s.oldest_inflight_age_s is None and s.open_incident is None
 
 
 @pytest.mark.timeout(150)

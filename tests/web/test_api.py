@@ -33,6 +33,32 @@ def test_jobs_lists_the_live_job(served: Served) -> None:
     assert j["stalled_groups"] == 1
     assert j["incidents"] == 1
     assert j["oldest_inflight_age_s"] >= 12.0
+    # Analysed and not closed: still the job's open incident (collection is over).
+    assert j["open_incident"] == served.incident
+
+
+def test_a_closed_incident_is_no_longer_the_jobs_open_one(tmp_path: Path) -> None:
+    ctx = harness.make_context(tmp_path)
+    try:
+        harness.feed_job(ctx.registry, job="j", world=8, stuck=3)
+        first = harness.insert_incident(ctx, job="j", report=harness.hang_report(world=8, stuck=3))
+        newer = harness.insert_incident(
+            ctx, job="j", report=harness.hang_report(world=8, stuck=3), created=time.time() + 1
+        )
+        with harness.serve(create_app(ctx)) as base:
+
+            def shown() -> tuple[object, object]:
+                (summary,) = httpx.get(base + "/api/jobs", timeout=10).json()
+                ranks = httpx.get(base + "/api/jobs/j/ranks", timeout=10).json()
+                return summary["open_incident"], ranks["open_incident"]
+
+            assert shown() == (newer, newer)
+            ctx.store.end_incident(newer, reason="the job stopped")
+            assert shown() == (first, first)
+            ctx.store.resolve_incident(first, stall_s=3.0, late_ranks=[3], reason="it moved")
+            assert shown() == (None, None)
+    finally:
+        ctx.store.close()
 
 
 def test_job_ranks_reports_progress_lag_and_the_stall(served: Served) -> None:
