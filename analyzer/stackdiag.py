@@ -71,7 +71,9 @@ _COMM: Final = frozenset({StackState.P2P, StackState.COLLECTIVE})
 _FH_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _SPY_FRAME = re.compile(r"^ {4}(?P<func>\S.*?) \((?P<file>[^()]*):(?P<line>\d+)\)\s*$")
 _SPY_ARG = re.compile(r"^ {12}(?P<name>\w+): (?P<value>-?\d+|None)\s*$")
-_SPY_STATUS = re.compile(r"^Thread \S+ \((?P<status>[^()]*)\)")
+# py-spy's "Thread 9892 (idle)"; faulthandler's "Thread 0x7f.. (most recent
+# call first):" carries no status.
+_SPY_STATUS = re.compile(r"^Thread \S+ \((?P<status>(?:idle|active)[^()]*)\)")
 
 
 @dataclass
@@ -135,7 +137,13 @@ def main_thread(threads: list[_Thread]) -> _Thread | None:
         if '"MainThread"' in t.header:
             return t
     for t in threads:
-        if t.frames[-1].short in _MAIN_OUTERMOST or not _started_by_threading(t):
+        if t.frames[-1].short in _MAIN_OUTERMOST:
+            return t
+    # Not started by threading: the main thread cut at faulthandler's 100
+    # frames, or a thread C++ started (torch's worker server running the
+    # hook's handlers, whose outermost frame is hangwatch's: never the main).
+    for t in threads:
+        if not _started_by_threading(t) and "/hangwatch/" not in t.frames[-1].path:
             return t
     return None
 

@@ -95,12 +95,20 @@ def _started_by_threading(block: Block) -> bool:
 
 
 def _is_helper(block: Block) -> bool:
-    """hangwatch's own threads: named hangwatch-*, or a thread running its
-    code (the main thread may pass through hangwatch's hook: not a helper)."""
+    """hangwatch's own threads: named hangwatch-*, a thread running its code
+    (the main thread may pass through hangwatch's hook: not a helper), or a
+    thread torch's C++ worker server entered into the hook's handlers (its
+    outermost Python frame is hangwatch's, and not a module's top level)."""
     header, fr = block
     if "hangwatch" in header:
         return True
-    return _started_by_threading(block) and any("/hangwatch/" in _norm(f) for _, f, _ in fr)
+    if _started_by_threading(block):
+        return any("/hangwatch/" in _norm(f) for _, f, _ in fr)
+    return bool(fr) and _entered_from_cpp_into_hangwatch(fr[-1][0], fr[-1][1])
+
+
+def _entered_from_cpp_into_hangwatch(func: str, file: str) -> bool:
+    return "/hangwatch/" in _norm(file) and func.strip() not in _MAIN_OUTERMOST
 
 
 def _in_collective(block: Block) -> bool:
@@ -150,8 +158,12 @@ def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
         return []
     ours = [b for b in blocks if not _is_helper(b)] or blocks
 
-    def rank(b: Block) -> tuple[bool, bool, int]:
-        return (not _in_collective(b), not _is_main(b), -len(b[1]))
+    def rank(b: Block) -> tuple[bool, bool, bool, int]:
+        # A thread whose outermost frame is a module's top level is the main
+        # one for sure; "not started by threading" also fits threads C++
+        # started, and a main thread whose dump was cut at 100 frames.
+        top = b[1][-1][0].strip() if b[1] else ""
+        return (not _in_collective(b), top not in _MAIN_OUTERMOST, not _is_main(b), -len(b[1]))
 
     _header, chosen = min(ours, key=rank)
     out = [f"{func} ({os.path.basename(file)}:{line})" for func, file, line in chosen[:frames]]

@@ -3,7 +3,13 @@ torch.distributed, else the main thread; never hangwatch's own helpers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from hangwatch.analyzer.report import StackState
+from hangwatch.analyzer.stackdiag import classify
 from hangwatch.analyzer.text import stack_excerpt
+
+from hangwatch.formats import RankMeta
 
 # `python -m train`: the main thread's outermost frame is runpy's; a helper
 # thread is deep in an import (more frames, and `<module>` frames inside).
@@ -101,3 +107,25 @@ def test_pyspy_thread_in_a_collective_beats_mainthread_and_helpers_are_skipped()
 def test_py_spy_mainthread_when_nobody_is_in_a_collective() -> None:
     text = PYSPY_HELPERS.replace("torch/distributed/distributed_c10d.py", "repo/gather.py")
     assert stack_excerpt(text, frames=1) == ["wait (threading.py:331)", "... 2 outer frames"]
+
+
+# A real dump (torch's worker server, faulthandler format) of a rank stuck
+# outside collectives while the hook's FR handler, entered from C++, was
+# deep in an import: torch's first stack-symbolising dump imports inductor.
+# The handler's thread is deeper and not started by threading; it is not the
+# main thread. Paths are shortened, the frames are as captured.
+WORKER_SERVER_HANDLER = (
+    Path(__file__).resolve().parent / "stacks" / "worker-server-handler.txt"
+).read_text()
+
+
+def test_a_hook_handler_entered_from_cpp_is_never_taken_for_the_main_thread() -> None:
+    got = stack_excerpt(WORKER_SERVER_HANDLER, frames=3)
+    assert got == [
+        "wait (threading.py:331)",
+        "wait (threading.py:629)",
+        "_stall_outside_collectives (job.py:246)",
+        "... 5 outer frames",
+    ], got
+    # The stack diagnosis reads the same thread: the rank waits, it is not importing.
+    assert classify(1, RankMeta(rank=1, stacks=WORKER_SERVER_HANDLER)).state == StackState.SLEEPING
