@@ -42,7 +42,7 @@ from hangwatch.analyzer.report import (
     StackDiagnosis,
     StackState,
 )
-from hangwatch.analyzer.text import rank_list
+from hangwatch.analyzer.text import main_rank, rank_list
 
 from hangwatch.formats import RankMeta
 
@@ -62,8 +62,6 @@ _PIPELINING: Final = "torch/distributed/pipelining/"
 _DATA_LOADER: Final = "torch/utils/data/"
 # Innermost stdlib frames that mean "waiting", in a format that has no idle flag.
 _WAITING_FILES: Final = ("threading.py", "queue.py", "selectors.py", "subprocess.py", "socket.py")
-_THREAD_BOOTSTRAP: Final = ("_bootstrap", "_bootstrap_inner", "run")
-_MAIN_OUTERMOST: Final = ("<module>", "_run_module_as_main", "_run_code")
 # What the agent writes when the rank's Python could not answer (agent/collector.py).
 _GIL_MARK: Final = "GIL held"
 _COMM: Final = frozenset({StackState.P2P, StackState.COLLECTIVE})
@@ -125,27 +123,12 @@ def parse_threads(stacks: str) -> list[_Thread]:
     return [t for t in threads if t.frames]
 
 
-def _started_by_threading(t: _Thread) -> bool:
-    last = t.frames[-1]
-    return os.path.basename(last.path) == "threading.py" and last.short in _THREAD_BOOTSTRAP
-
-
 def main_thread(threads: list[_Thread]) -> _Thread | None:
-    """py-spy labels it MainThread; in faulthandler output it is the thread
-    not started by threading (its outermost frame is `<module>` or runpy's)."""
-    for t in threads:
-        if '"MainThread"' in t.header:
-            return t
-    for t in threads:
-        if t.frames[-1].short in _MAIN_OUTERMOST:
-            return t
-    # Not started by threading: the main thread cut at faulthandler's 100
-    # frames, or a thread C++ started (torch's worker server running the
-    # hook's handlers, whose outermost frame is hangwatch's: never the main).
-    for t in threads:
-        if not _started_by_threading(t) and "/hangwatch/" not in t.frames[-1].path:
-            return t
-    return None
+    """The thread `text.main_rank` is surest is the main one (the first of
+    equals), or None where none can be."""
+    ranked = [(main_rank(t.header, (t.frames[-1].func, t.frames[-1].file)), t) for t in threads]
+    best = min(ranked, key=lambda rt: rt[0], default=None)
+    return best[1] if best is not None and best[0] < 2 else None
 
 
 def _in_dist(f: _Frame) -> bool:

@@ -86,29 +86,45 @@ def _norm(path: str) -> str:
     return path.replace("\\", "/")
 
 
-def _started_by_threading(block: Block) -> bool:
-    fr = block[1]
-    if not fr:
-        return False
-    func, file, _ = fr[-1]
-    return os.path.basename(_norm(file)) == "threading.py" and func.strip() in _THREAD_BOOTSTRAP
+def _short(func: str) -> str:
+    # py-spy names methods "Class.method"; faulthandler gives the bare name.
+    return func.strip().rsplit(".", 1)[-1]
+
+
+def main_rank(header: str, outermost: tuple[str, str] | None) -> int:
+    """How surely a thread is the main one, from its header and its outermost
+    frame (func, file): 0 surely (py-spy's "MainThread", or a module's top
+    level outermost); 1 maybe (not started by threading: a main thread whose
+    faulthandler dump was cut at 100 frames); 2 not (started by threading, or
+    a thread torch's C++ worker server entered into hangwatch's hook
+    handlers, whose outermost frame is hangwatch's). The one rule for the
+    stack excerpt and the stack diagnosis."""
+    if '"MainThread"' in header:
+        return 0
+    if outermost is None:
+        return 2
+    func, file = _short(outermost[0]), _norm(outermost[1])
+    if func in _MAIN_OUTERMOST:
+        return 0
+    if os.path.basename(file) == "threading.py" and func in _THREAD_BOOTSTRAP:
+        return 2
+    return 2 if "/hangwatch/" in file else 1
+
+
+def _outermost(block: Block) -> tuple[str, str] | None:
+    return (block[1][-1][0], block[1][-1][1]) if block[1] else None
 
 
 def _is_helper(block: Block) -> bool:
     """hangwatch's own threads: named hangwatch-*, a thread running its code
-    (the main thread may pass through hangwatch's hook: not a helper), or a
-    thread torch's C++ worker server entered into the hook's handlers (its
-    outermost Python frame is hangwatch's, and not a module's top level)."""
+    that threading started (the main thread may pass through hangwatch's
+    hook: not a helper), or one C++ entered into the hook's handlers."""
     header, fr = block
     if "hangwatch" in header:
         return True
-    if _started_by_threading(block):
-        return any("/hangwatch/" in _norm(f) for _, f, _ in fr)
-    return bool(fr) and _entered_from_cpp_into_hangwatch(fr[-1][0], fr[-1][1])
-
-
-def _entered_from_cpp_into_hangwatch(func: str, file: str) -> bool:
-    return "/hangwatch/" in _norm(file) and func.strip() not in _MAIN_OUTERMOST
+    if not fr or main_rank(header, _outermost(block)) < 2:
+        return False
+    return any("/hangwatch/" in _norm(f) for _, f, _ in fr)
 
 
 def _in_collective(block: Block) -> bool:
@@ -118,18 +134,6 @@ def _in_collective(block: Block) -> bool:
         and not any(t in _norm(f) for t in _TORCH_DIST_SERVERS)
         for _, f, _ in block[1]
     )
-
-
-def _is_main(block: Block) -> bool:
-    """py-spy names it MainThread; in a faulthandler dump the main thread is
-    the one not started by threading (its outermost frame is the script's
-    `<module>`, or runpy's for `python -m`)."""
-    header, fr = block
-    if "MainThread" in header:
-        return True
-    if not fr:
-        return False
-    return fr[-1][0].strip() in _MAIN_OUTERMOST or not _started_by_threading(block)
 
 
 def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
@@ -158,12 +162,8 @@ def stack_excerpt(stacks: str, *, frames: int = 6) -> list[str]:
         return []
     ours = [b for b in blocks if not _is_helper(b)] or blocks
 
-    def rank(b: Block) -> tuple[bool, bool, bool, int]:
-        # A thread whose outermost frame is a module's top level is the main
-        # one for sure; "not started by threading" also fits threads C++
-        # started, and a main thread whose dump was cut at 100 frames.
-        top = b[1][-1][0].strip() if b[1] else ""
-        return (not _in_collective(b), top not in _MAIN_OUTERMOST, not _is_main(b), -len(b[1]))
+    def rank(b: Block) -> tuple[bool, int, int]:
+        return (not _in_collective(b), main_rank(b[0], _outermost(b)), -len(b[1]))
 
     _header, chosen = min(ours, key=rank)
     out = [f"{func} ({os.path.basename(file)}:{line})" for func, file, line in chosen[:frames]]
