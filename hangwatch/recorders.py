@@ -18,10 +18,16 @@ strings or lists backend names: capabilities are probed (`backend=` keyword,
 
 Two measured differences decide how a recorder's numbers are read (torch 2.15):
 
-* **completion**: a hook-recorded entry is `retired` as soon as the call
-  returns, and `pg_status.last_completed_collective` stays -1, however the
-  work ends. Such a recorder reports `completion="unknown"`: only what ranks
-  *entered* is known. gloo and legacy NCCL record completion ("tracked").
+* **completion**: the hook retires an entry from the backend's completion
+  hook, which fires when the op really finished (2.15's default NCCL has
+  them). A backend without completion hooks (any backend written in Python)
+  gets its entries `retired` as soon as the call returns, and
+  `pg_status.last_completed_collective` stays -1, however the work ends.
+  Such a recorder reports `completion="unknown"`: only what ranks *entered*
+  is known. Which of the two a hooked backend is, the backend says
+  (`supports_completion_hooks`, probed per device backend); the agent and the
+  analyzer confirm it from the data (completed states and counters). gloo and
+  legacy NCCL record completion ("tracked").
 * **status offset**: `pg_status.last_enqueued_collective` is the last op_id.
   gloo and NCCL count op_id from 1, the hook from 0, so a hook recorder's
   status is one behind its collective_seq_id (`status_offset=1`).
@@ -169,13 +175,29 @@ def _instances_of(pg: Any, hooked: bool, nccl_cls: Any, caps: _Caps) -> Iterable
         elif bname == GENERIC_INSTANCE:
             key, a = GENERIC_INSTANCE, _Acc(KIND_GENERIC, COMPLETION_TRACKED, 0)
         elif hooked and caps.backend_kw:
-            key, a = bname, _Acc(KIND_HOOKED, COMPLETION_UNKNOWN, 1)
+            completion = COMPLETION_TRACKED if completion_hooks(b) else COMPLETION_UNKNOWN
+            key, a = bname, _Acc(KIND_HOOKED, completion, 1)
         else:
             log.debug("hangwatch: backend %r records into no flight recorder", bname)
             continue
         if key not in seen:
             seen.add(key)
             yield key, a
+
+
+def completion_hooks(b: Any) -> bool:
+    """Whether a device backend pushes completions to torch's hooks.
+
+    torch 2.15 exposes `Backend.supports_completion_hooks` (a property;
+    a method on some builds). Absent or failing: no, the honest default,
+    since the hook then retires entries at issue.
+    """
+    v = getattr(b, "supports_completion_hooks", False)
+    try:
+        return bool(v() if callable(v) else v)
+    except Exception as e:  # a backend whose probe throws promises nothing
+        log.debug("hangwatch: supports_completion_hooks failed: %s", e)
+        return False
 
 
 def _backend_name(b: Any) -> str:

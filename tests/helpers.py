@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hangwatch.testing.backends import BACKENDS as TEST_BACKENDS
 from hangwatch.testing.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,22 +49,31 @@ CULPRIT_KINDS = frozenset(
     }
 )
 
-# The live hang zoo runs on both: gloo records itself; hwstore is recorded by
-# torch 2.15's FlightRecorderHook, as 2.15's default NCCL is.
-BACKENDS = ("gloo", "hwstore")
+# The live hang zoo runs on each: gloo records itself; hwstore and hwhooks are
+# recorded by torch 2.15's FlightRecorderHook, hwhooks with NCCL2's hooks.
+BACKENDS = TEST_BACKENDS
 
 
 @functools.cache
-def _hooked_unsupported() -> str | None:
-    # Probed in a child: importing torch here would cost seconds and leave
-    # torch's import-time state (and its open files) in the test process.
-    code = "from hangwatch.testing.storebackend import unsupported_reason as u\nprint(u() or '')"
+def _backend_unsupported(backend: str) -> str | None:
+    # Probed (and hwhooks built) in a child: importing torch here would cost
+    # seconds and leave torch's import-time state (and its open files) in the
+    # test process. A failed build fails the test; only a missing feature skips.
+    code = (
+        "import sys\n"
+        "from hangwatch.testing import backends\n"
+        f"why = backends.unsupported_reason({backend!r})\n"
+        "print(why or '')\n"
+        "if why is None:\n"
+        f"    backends.register({backend!r})\n"
+    )
+    # Building hwhooks takes about 40 s on 2 idle cores; a loaded CI machine, more.
     r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
     if r.returncode != 0:
-        return f"cannot probe torch: {r.stderr.strip()[-300:]}"
-    return r.stdout.strip() or None
+        raise AssertionError(f"cannot ready backend {backend}: {r.stderr.strip()[-2000:]}")
+    return r.stdout.strip().splitlines()[0] if r.stdout.strip() else None
 
 
 def skip_unless_backend(backend: str) -> None:
@@ -72,7 +82,7 @@ def skip_unless_backend(backend: str) -> None:
         return
     import pytest
 
-    reason = _hooked_unsupported()
+    reason = _backend_unsupported(backend)
     if reason is not None:
         pytest.skip(f"{backend}: {reason}")
 

@@ -22,6 +22,7 @@ import pytest
 from hangwatch.analyzer.report import Report
 from helpers import BACKENDS, GOLDEN_DIR, free_port, observed_verdict, skip_unless_backend
 
+from hangwatch.testing.backends import COMPLETION_UNKNOWN
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
 from tests.support.make_golden import GOLDENS, MANIFEST, MAX_TOTAL_BYTES
 
@@ -114,7 +115,7 @@ def test_live_scenario_matches_ground_truth(name: str, backend: str, tmp_path: P
     assert set(sc.silent_ranks(WORLD)) <= set(report.ranks_missing)
     kinds = {f.kind for f in report.findings}
     # Where FR does not record completion the report must say so, every time.
-    assert ("completion-unknown" in kinds) == (backend != "gloo"), kinds
+    assert ("completion-unknown" in kinds) == (backend in COMPLETION_UNKNOWN), kinds
 
 
 # --- harness self-tests ------------------------------------------------------------------

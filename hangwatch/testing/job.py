@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch import env
+from hangwatch.testing.backends import BACKENDS
 from hangwatch.testing.scenarios import (
     DEFAULT_GROUP,
     DEFAULT_STEP_OPS,
@@ -36,7 +37,6 @@ from hangwatch.testing.scenarios import (
 )
 
 STATUS_SCHEMA = "hangwatch.zoo-status/1"
-BACKENDS = ("gloo", "hwstore")
 STDOUT_TAG = "hangwatch-zoo: "
 
 # Phases a rank's status file goes through, in order.
@@ -109,8 +109,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--backend",
         choices=BACKENDS,
         default="gloo",
-        help="gloo, or hwstore: an asynchronous CPU backend that torch 2.15 records "
-        "through its FlightRecorderHook, as it records its default NCCL.",
+        help="gloo; hwhooks: a compiled CPU backend with completion and abort hooks, "
+        "recorded by torch 2.15's FlightRecorderHook as its default NCCL is; hwstore: "
+        "the same without completion hooks, as any backend written in Python "
+        "(hangwatch.testing.backends).",
     )
     p.add_argument(
         "--parent-pid",
@@ -334,11 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _attach()
     job = _Job(ns, scenario, rank, world)
     job.torch.set_num_threads(1)
-    backend = ns.backend
-    if backend == "hwstore":
-        from hangwatch.testing import storebackend
+    from hangwatch.testing import backends
 
-        backend = storebackend.register()
+    backend = backends.register(ns.backend)
     job.dist.init_process_group(
         backend, rank=rank, world_size=world, timeout=timedelta(seconds=ns.collective_timeout)
     )

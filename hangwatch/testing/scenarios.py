@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from hangwatch.testing.backends import COMPLETION_UNKNOWN
+
 Verdict = Literal["hang", "mismatch", "no-culprit-visible", "healthy", "unknown"]
 
 DEFAULT_GROUP = "0"
@@ -126,14 +128,16 @@ class Scenario:
     # Seconds of fake compute per healthy step.
     step_time: float = 0.005
     fr_buffer_size: int = DEFAULT_FR_BUFFER
-    # The verdict where torch's FlightRecorderHook records the job (torch 2.15's
-    # default NCCL; the hwstore test backend), if it differs: such a recorder
-    # does not record completion, so "healthy" cannot be proven there.
+    # The verdict where torch's FlightRecorderHook records the job on a backend
+    # without completion hooks (the hwstore test backend; any backend written
+    # in Python), if it differs: such a recorder does not record completion,
+    # so "healthy" cannot be proven there. A backend with completion hooks
+    # (torch 2.15's default NCCL; hwhooks) keeps the scenario's verdict.
     hooked_verdict: Verdict | None = None
 
     def for_backend(self, backend: str) -> Scenario:
         """This scenario's ground truth on a job run with `backend`."""
-        if backend == "gloo" or self.hooked_verdict is None:
+        if backend not in COMPLETION_UNKNOWN or self.hooked_verdict is None:
             return self
         return replace(self, verdict=self.hooked_verdict, hooked_verdict=None)
 

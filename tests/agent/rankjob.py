@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--culprit", type=int, default=1)
     p.add_argument("--pg-timeout", type=float, default=300.0)
     p.add_argument("--interval", type=float, default=0.05)
-    p.add_argument("--backend", default="gloo", choices=["gloo", "hwstore"])
+    p.add_argument("--backend", default="gloo", choices=["gloo", "hwstore", "hwhooks"])
     a = p.parse_args()
 
     if a.attach != "none":
@@ -48,11 +48,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    backend = "gloo"
-    if a.backend == "hwstore":
-        from hangwatch.testing import storebackend
+    from hangwatch.testing import backends
 
-        backend = storebackend.register()
+    backend = backends.register(a.backend)
     dist.init_process_group(
         backend,
         init_method=f"file://{a.store}",
