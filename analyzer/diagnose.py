@@ -25,6 +25,7 @@ from hangwatch.analyzer.scope import build_scope
 from hangwatch.analyzer.selection import known_roots, outside_waits
 from hangwatch.analyzer.stackdiag import with_stack_diagnosis
 from hangwatch.analyzer.streams import heads, pending_ops, stream_waits
+from hangwatch.analyzer.timing import entered_none_finished
 from hangwatch.analyzer.verdict import decide
 from hangwatch.analyzer.waits import Wait, collective_waits, p2p_waits
 
@@ -73,7 +74,9 @@ def _diagnose(
     roots = sorted(set(single_roots) | {r for c in cycles for r in c})
     blamed = blame_in_cycles(roots, cycles, waits)
     mismatches = find_mismatches(entries, groups)
-    d = decide(scope, waits, blamed, mismatches, p2p.blocked, outside)
+    d = decide(
+        scope, waits, blamed, mismatches, p2p.blocked, outside, entered_none_finished(scope)
+    )
     crash = wording.crash_head(loaded.incident.trigger) if loaded.incident else None
 
     found: list[Finding] = fnd.mismatch_findings(mismatches)
@@ -82,6 +85,31 @@ def _diagnose(
         m = d.mismatch
         stalled = stalled_for(scope, m.group, m.seq, "collective", None, m.odd_ranks)
         summary = wording.mismatch_summary(groups, m, d.lagging, stalled)
+    elif d.arrival is not None:
+        a = d.arrival
+        stalled = stalled_for(scope, a.group, a.seq, "collective", None)
+        if a.late:
+            summary = wording.late_summary(groups, a)
+            found.append(
+                Finding(
+                    kind=FindingKind.LATE_ARRIVAL,
+                    ranks=a.late,
+                    group=a.group,
+                    seq=a.seq,
+                    detail=wording.late_arrival(a),
+                )
+            )
+        else:
+            summary = wording.below_fr_summary(groups, a)
+            found.append(
+                Finding(
+                    kind=FindingKind.ENTERED_NONE_FINISHED,
+                    ranks=sorted(a.entered_ns),
+                    group=a.group,
+                    seq=a.seq,
+                    detail=wording.entered_none_finished(a),
+                )
+            )
     elif d.best is not None:
         best = d.best
         stalled = stalled_for(scope, best.group, best.seq, best.kind, best)

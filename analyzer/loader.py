@@ -91,6 +91,9 @@ class LoadedDumps:
     unmapped_pg_ids: dict[int, list[int]] = field(default_factory=dict)
     incident: IncidentDoc | None = None
     files: dict[int, str] = field(default_factory=dict)  # rank -> relative path loaded
+    # rank -> the newest write time of its dump files (the filesystem's clock):
+    # when torch or an agent wrote it, unless the files were copied since.
+    written_unix: dict[int, float] = field(default_factory=dict)
     world_size: int | None = None
     selected_ranks: set[int] | None = None  # None: every rank found was loaded
     # Ranks read from a tail (hangwatch.frtail) because no full dump of theirs
@@ -173,9 +176,11 @@ def load_dumps(
     # instance, so a rank's second instance is shifted to keep (rank, record_id) unique.
     parts: list[tuple[int, ParsedDump]] = []
     files_of: dict[int, list[str]] = {}
+    written: dict[int, float] = {}
     for (r, _b), (cand, p) in sorted(by_key.items()):
         k = len(files_of.setdefault(r, []))
         files_of[r].append(cand.rel)
+        written[r] = max(written.get(r, 0.0), cand.mtime)
         if k:
             shift_record_ids(p, k * RECORD_ID_STRIDE)
         parts.append((r, p))
@@ -241,6 +246,7 @@ def load_dumps(
         unmapped_pg_ids=unmapped,
         incident=incident,
         files={r: ", ".join(files_of[r]) for r in ranks},
+        written_unix=written,
         world_size=world_size,
         selected_ranks=selected,
         tail_ranks=sorted({r for r, p in parts if p.tail}),

@@ -61,6 +61,8 @@ class FindingKind(StrEnum):
     THREAD_EXCEPTION = "thread-exception"
     STACK_ODD_ONE_OUT = "stack-odd-one-out"
     P2P_DEADLOCK = "p2p-deadlock"
+    LATE_ARRIVAL = "late-arrival"
+    ENTERED_NONE_FINISHED = "entered-none-finished"
 
 
 FINDING_KINDS: dict[FindingKind, str] = {
@@ -100,6 +102,12 @@ FINDING_KINDS: dict[FindingKind, str] = {
     "not blocked in communication while the others are, or it is the one they wait on in p2p",
     FindingKind.P2P_DEADLOCK: "from the stacks' p2p peer arguments (FR showed no culprit): "
     "these ranks wait in send/recv on each other",
+    FindingKind.LATE_ARRIVAL: "every member entered the collective and none finished it, and "
+    "the rank entered it conspicuously after the others (entry times, beyond the clock "
+    "error): they waited for it, often past their own timeout (NCCL then never completes it)",
+    FindingKind.ENTERED_NONE_FINISHED: "every member entered the collective together and none "
+    "finished it, long before the dumps were taken: no rank is behind in FR; the fault is "
+    "below it (network, GPU)",
 }
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.report import FindingKind, Verdict
 from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.timing import Arrival
 from hangwatch.analyzer.waits import Wait
 
 # Which mismatch a verdict names when there are several: the most basic disagreement.
@@ -42,6 +43,9 @@ class Decision:
     lagging: list[int] = field(default_factory=list)
     mismatch: Mismatch | None = None  # the one a "mismatch" verdict names
     best: Wait | None = None  # the wait a "hang" verdict names as stalled
+    # The collective every member entered and none finished that the verdict
+    # rests on: its late ranks ("hang"), or nobody behind ("no-culprit-visible").
+    arrival: Arrival | None = None
     incident: bool  # a stall was reported (incident.json or bundle metadata)
     blocked_any: bool  # some rank is blocked in a collective or p2p op
 
@@ -67,6 +71,7 @@ def decide(
     mismatches: list[Mismatch],
     p2p_blocked: set[int],
     outside: list[Wait] | None = None,
+    arrivals: list[Arrival] | None = None,
 ) -> Decision:
     """`blamed`: the graph's roots after blame within cycles (graph.blame_in_cycles)."""
     live_mm = [m for m in mismatches if not scope.complete_everywhere(m.group, m.seq)]
@@ -86,6 +91,19 @@ def decide(
         best = sorted(blame, key=lambda w: wait_key(w, blamed))[0]
         return Decision(
             verdict="hang", lagging=blamed, best=best, incident=incident, blocked_any=blocked_any
+        )
+    # Every member entered, none finished: the dumps' entry times name who
+    # came late; when nobody did, FR holds no culprit, and a collective stuck
+    # long before the dumps is never "healthy".
+    for a in arrivals or []:
+        if a.late and (a.stuck or incident):
+            return Decision(
+                verdict="hang", lagging=a.late, arrival=a, incident=incident, blocked_any=True
+            )
+    stuck = [a for a in arrivals or [] if a.stuck or incident]
+    if stuck and not outside:
+        return Decision(
+            verdict="no-culprit-visible", arrival=stuck[0], incident=incident, blocked_any=True
         )
     verdict: Verdict
     if not scope.dumped:

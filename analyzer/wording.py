@@ -18,6 +18,7 @@ from hangwatch.analyzer.report import StalledCollective
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
+from hangwatch.analyzer.timing import CLOCKS_ONE_HOST, Arrival
 from hangwatch.analyzer.waits import Unmatched, Wait
 
 from hangwatch.formats import TriggerKind
@@ -202,6 +203,69 @@ def no_culprit_summary(blocked_any: bool, crashed: bool = False) -> str:
         ("In the survivors' dumps, " if crashed else "A stall was reported, but ")
         + "the flight recorder shows no rank waiting on a lagging rank: the culprit is not "
         "visible in FR; see the per-rank stacks."
+    )
+
+
+def late_summary(groups: dict[str, GroupMeta], a: Arrival) -> str:
+    on_time = [r for r in a.entered_ns if r not in a.late]
+    return (
+        f"{ranks_word(a.late)} entered {a.op} #{a.seq} in group {gname(groups, a.group)} "
+        f"{a.lateness_s:.1f}s after {ranks_lower(sorted(on_time))}; every member entered it and "
+        "none finished it: the others waited for "
+        + ("it" if len(a.late) == 1 else "them")
+        + (
+            f", past their {a.timeout_s:g}s timeout."
+            if a.timeout_s is not None and a.lateness_s >= a.timeout_s
+            else "."
+        )
+    )
+
+
+def late_arrival(a: Arrival) -> str:
+    first = min(a.entered_ns.values())
+    times = ", ".join(
+        f"rank {r} +{(t - first) / 1e9:.3f}s" for r, t in sorted(a.entered_ns.items())
+    )
+    return (
+        f"entered {a.lateness_s:.3f}s after the others ({times}); "
+        + _clock_words(a)
+        + (f"; timeout {a.timeout_s:g}s" if a.timeout_s is not None else "")
+    )
+
+
+def below_fr_summary(groups: dict[str, GroupMeta], a: Arrival) -> str:
+    return (
+        f"Every member entered {a.op} #{a.seq} in group {gname(groups, a.group)} and none "
+        "finished it"
+        + (
+            f" ({a.unfinished_s:.1f}s after the last one entered, as the dumps show)"
+            if a.unfinished_s is not None
+            else ""
+        )
+        + ": no rank is behind in FR; the fault is below it (network, GPU). See the per-rank "
+        "stacks and GPU state."
+    )
+
+
+def entered_none_finished(a: Arrival) -> str:
+    spread = (max(a.entered_ns.values()) - min(a.entered_ns.values())) / 1e9
+    return (
+        f"all {len(a.entered_ns)} members entered within {spread:.3f}s; "
+        + (
+            f"still unfinished {a.unfinished_s:.1f}s after the last entered; "
+            if a.unfinished_s is not None
+            else ""
+        )
+        + _clock_words(a)
+    )
+
+
+def _clock_words(a: Arrival) -> str:
+    if a.clocks == CLOCKS_ONE_HOST:
+        return "one host's clock"
+    return (
+        f"clocks of different or unknown hosts, not measured against each other: "
+        f"assumed within {a.clock_error_s:g}s"
     )
 
 

@@ -46,6 +46,7 @@ CULPRIT_KINDS = frozenset(
         "missing-dump",
         "frozen",
         "cross-group-deadlock",
+        "late-arrival",
     }
 )
 
