@@ -73,6 +73,11 @@ class Agent:
         self.client = CoordinatorClient(cfg, agent_id=cfg.node_id, host=socket.gethostname())
         self.poll_interval = cfg.poll_interval
         self.trackers: dict[int, RankTracker] = {}
+        # rank -> the last process that held it and exited, until a new one
+        # does: its abort-hook and watchdog dumps stay on disk, and an
+        # incident collects them (2.15's NCCL ends a rank soon after torch's
+        # own timeout dumped it). One per rank: bounded by the node's ranks.
+        self.exited: dict[int, RankTracker] = {}
         self._ignored: set[tuple[int, float]] = set()
         self.events: BoundedQueue[_QueuedEvent] = BoundedQueue(cfg.max_buffered)
         self.commands: BoundedQueue[pb.Command] = BoundedQueue(64)
@@ -182,6 +187,7 @@ class Agent:
                         log.info("ignoring %s: pid %d is not running", path, pid)
                         continue
                     t = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=mtime)
+                    self.exited.pop(t.rank, None)
                     # A restarted rank replaces the exited process that held its rank.
                     for old_pid, old in list(self.trackers.items()):
                         if old.rank == t.rank and old.exited_reported:
@@ -201,6 +207,7 @@ class Agent:
                             pb.EVENT_KIND_RANK_EXITED, t.rank, "rank-info file removed", now
                         )
                     del self.trackers[pid]
+                    self.exited[t.rank] = t
                     changed = True
             if changed:
                 self._need_register = True
@@ -439,6 +446,9 @@ class Agent:
     def collect(self, incident_id: str, *, tail_context: int = 0) -> PendingDump:
         with self._lock:
             trackers = list(self.trackers.values())
+            live = {t.rank for t in trackers}
+            # Exited ranks too: what they left on disk (abort, watchdog dumps).
+            trackers += [t for r, t in self.exited.items() if r not in live]
         gpu = collector.gpu_snapshot()
         futures = [
             self._pool.submit(

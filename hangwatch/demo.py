@@ -81,6 +81,16 @@ def add_parser(subparsers: Any) -> None:
         "backend written in Python.",
     )
     p.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="torch's own collective timeout in the job (default: 600 s, so hangwatch "
+        "answers first). Short, on --backend hwhooks, torch's watchdog fires first and runs "
+        "its abort hooks, as 2.15's default NCCL does: the path where hangwatch turns one "
+        "rank's abort into every rank's dump. Pair it with a long --stall-timeout.",
+    )
+    p.add_argument(
         "--json", action="store_true", help="Print the report plus incident fields as JSON."
     )
     p.add_argument(
@@ -306,6 +316,7 @@ def _run(ns: argparse.Namespace) -> int:
                 attach=True,
                 extra_env=child_env,
                 backend=ns.backend,
+                collective_timeout=ns.collective_timeout,
             )
         except JobFailed as e:
             print(f"hangwatch demo: the training job failed to start: {e}", file=sys.stderr)

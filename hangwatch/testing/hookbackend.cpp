@@ -150,6 +150,14 @@ class HwBackend : public c10d::Backend {
 
   ~HwBackend() override {
     shutdown();
+    // An abort hook registered from Python holds a Python callable, and a
+    // backend dropped at interpreter exit is destroyed without the GIL:
+    // destroying the callable then aborts the process ("PyThreadState_Get:
+    // the function must be called with the GIL held", measured). The hooks
+    // are a few closures per group; they live as long as the process.
+    std::lock_guard<std::mutex> g(hookMu_);
+    new std::map<int64_t, c10d::AbortHook>(std::move(abortHooks_));
+    new std::map<int64_t, c10d::CompletionHook>(std::move(completionHooks_));
   }
 
   const std::string getBackendName() const override {
@@ -649,10 +657,11 @@ class HwBackend : public c10d::Backend {
   }
 
   void fireCompletion(uint64_t key, float ms) {
-    std::lock_guard<std::mutex> g(hookMu_);
     c10d::CompletionHookArgs args;
     args.completionKey = key;
     args.duration_ms = ms;
+    std::lock_guard<std::mutex> g(hookMu_);
+    // torch's recorder hook: short, C++, takes no GIL (Hooks.hpp's contract).
     for (auto& [id, hook] : completionHooks_) {
       hook(args);
     }
@@ -694,11 +703,11 @@ class HwBackend : public c10d::Backend {
   void abort(const std::string& why) {
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (aborted_) {
+      if (aborting_) {
         return;
       }
       abortMessage_ = why;
-      aborted_ = true;
+      aborting_ = true;
     }
     std::cerr << why << std::endl;
     // The rest of the group learns the communicator is gone (ncclCommAbort).
@@ -709,20 +718,30 @@ class HwBackend : public c10d::Backend {
     }
     // Abort hooks run before the work fails, as NCCL2's watchdog does: the
     // process may be torn down as soon as the caller sees the error.
+    // Called outside hookMu_: a hook registered from Python takes the GIL,
+    // and a Python thread registering a hook meanwhile holds it.
+    std::map<int64_t, c10d::AbortHook> hooks;
     {
       std::lock_guard<std::mutex> g(hookMu_);
-      for (auto& [id, hook] : abortHooks_) {
-        try {
-          hook();
-        } catch (const std::exception& e) {
-          std::cerr << kName << ": abort hook " << id << " failed: " << e.what() << std::endl;
-        }
+      hooks = abortHooks_;
+    }
+    for (auto& [id, hook] : hooks) {
+      try {
+        hook();
+      } catch (const std::exception& e) {
+        std::cerr << kName << ": abort hook " << id << " failed: " << e.what() << std::endl;
       }
     }
     // torch's hook writes its dump asynchronously and tells the backend
     // nothing when done; legacy NCCL waits TORCH_*_WAIT_TIMEOUT_DUMP_MILSEC
     // for it before tearing down. Same variables, same order.
     std::this_thread::sleep_for(std::chrono::milliseconds(dumpWaitMs()));
+    // Only now does the work fail (and the caller see the error): until here
+    // the stream keeps waiting, so the process is not torn down mid-dump.
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      aborted_ = true;
+    }
     failAll(why);
   }
 
@@ -837,7 +856,8 @@ class HwBackend : public c10d::Backend {
   std::vector<Op> coalesced_;
   bool coalescing_ = false;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> aborted_{false};
+  bool aborting_ = false; // the watchdog is running the abort (hooks first)
+  std::atomic<bool> aborted_{false}; // the communicator is gone: every op fails
   std::string abortMessage_;
   uint64_t seq_ = 0;
   std::map<std::pair<int, int>, uint64_t> p2pSeq_;

@@ -266,6 +266,7 @@ def launch_job(
     crash_rank: int | None = None,
     ready_timeout: float = 60.0,
     backend: str = "gloo",
+    collective_timeout: float | None = None,
 ) -> JobHandle:
     """Start the job and wait until every rank has joined the process group.
 
@@ -297,6 +298,7 @@ def launch_job(
             step_time=step_time,
             crash_rank=crash_rank,
             backend=backend,
+            collective_timeout=collective_timeout,
         )
         try:
             handle.wait_ready(ready_timeout)
@@ -328,6 +330,7 @@ def _spawn(
     step_time: float | None,
     crash_rank: int | None,
     backend: str = "gloo",
+    collective_timeout: float | None = None,
 ) -> JobHandle:
     port = free_port()
     base_env = dict(os.environ)
@@ -382,6 +385,8 @@ def _spawn(
                 cmd += ["--crash-rank", str(crash_rank)]
             if backend != "gloo":
                 cmd += ["--backend", backend]
+            if collective_timeout is not None:
+                cmd += ["--collective-timeout", str(collective_timeout)]
             rank_env = dict(base_env)
             rank_env[env.RANK] = str(rank)
             rank_env[env.LOCAL_RANK] = str(rank)
