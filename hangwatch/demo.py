@@ -384,6 +384,7 @@ def _observe(
         incident_id=incident["id"],
         injected_ranks=scenario.guilty_ranks(world),
         detection_s=round(detection_s, 3),
+        incident_created_unix=incident["created"],
         stall_timeout_s=conf.stall_timeout,
         ranks_dumped=incident["ranks_dumped"],
         ranks_unreachable={str(k): v for k, v in incident["ranks_unreachable"].items()},

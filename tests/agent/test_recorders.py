@@ -276,3 +276,56 @@ def test_health_check_is_asked_where_torch_has_it(hang_job: Job) -> None:
 
     has = hook_protocol.HEALTH_CHECK in c._get_handler_names()
     assert t.health_supported is has
+
+
+# --- a hook-recorded backend with completion hooks (2.15's default NCCL) ------------
+
+
+@pytest.fixture(scope="module")
+def nccl2_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """hwhooks default group + a gloo subgroup; after 5 steps rank 1 stops, rank 0 blocks."""
+    skip_unless_backend("hwhooks")
+    job = start_job(tmp_path_factory.mktemp("nccl2"), mode="hang", backend="hwhooks")
+    try:
+        job.wait_ready()
+        yield job
+    finally:
+        job.close()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_a_backend_with_completion_hooks_is_tracked_end_to_end(nccl2_job: Job) -> None:
+    # The rank-info file: what the backend says (supports_completion_hooks).
+    recs0 = {r["instance"]: r for r in nccl2_job.rankinfo()[0]["recorders"]}
+    assert recs0["hwhooks"]["kind"] == "hooked"
+    assert recs0["hwhooks"]["completion"] == "tracked"
+    # torch's own counters: the hook retires at completion, so they advance.
+    info = nccl2_job.rankinfo()[0]
+    doc = json.loads(endpoint.call(socket_of(info), hook_protocol.STATUS, timeout=2))
+    hw = {r["instance"]: r for r in doc["recorders"]}["hwhooks"]["dump"]["pg_status"]["0"]
+    assert int(hw["last_completed_collective"]) >= 4
+    # The agent's progress: completion known, rank 0 in #6 which rank 1 never entered.
+    trackers = _trackers(nccl2_job)
+    for _ in range(2):
+        now = time.monotonic()
+        for t in trackers.values():
+            poll_rank(t, now, entries_after_s=0.0)
+    p0 = {g.group: g for g in trackers[0].progress_pb(now).groups}
+    p1 = {g.group: g for g in trackers[1].progress_pb(now).groups}
+    assert not p0["0"].completion_unknown and not p1["0"].completion_unknown
+    assert (p0["0"].last_enqueued, p0["0"].last_completed) == (6, 5)
+    assert (p1["0"].last_enqueued, p1["0"].last_completed) == (5, 5)
+    # The bundle and the analyzer: a hang on rank 1, and no completion caveat.
+    bundles = {
+        r: collector.collect_rank(
+            t, run_dir=str(nccl2_job.run_dir), incident_id="inc2", pyspy="py-spy", gpu={}
+        )
+        for r, t in trackers.items()
+    }
+    assert "fr_hwhooks_rank_0" in bundles[0].files and "fr_hwhooks_rank_1" in bundles[1].files
+    report = analyze_path(Path(bundles[0].directory).parent, world_size=2)
+    assert (report.verdict, report.lagging_ranks) == ("hang", [1]), report.summary
+    st = report.stalled_collective
+    assert st is not None and (st.group, st.seq, st.op) == ("0", 6, "all_reduce")
+    assert "completion-unknown" not in {f.kind for f in report.findings}
