@@ -250,6 +250,18 @@ def _run(ns: argparse.Namespace) -> int:
     from hangwatch.testing.launch import JobFailed, launch_job
     from hangwatch.testing.scenarios import get_scenario
 
+    from hangwatch.testing import backends
+
+    why = backends.unsupported_reason(ns.backend)
+    if why is not None:
+        print(f"hangwatch demo: --backend {ns.backend} cannot run here: {why}", file=sys.stderr)
+        return EXIT_USAGE
+    if ns.backend == backends.HWHOOKS:
+        from hangwatch.testing import hookbackend
+
+        # Here, once, not in every rank at once against the ranks' start-up timeout.
+        _say(ns.json, "readying the hwhooks backend (built once per torch version, about 40 s)")
+        hookbackend.build()
     try:
         conf = _config(ns)
         scenario = get_scenario(ns.scenario).for_backend(ns.backend)
