@@ -397,6 +397,7 @@ def _observe(
         injected_ranks=scenario.guilty_ranks(world),
         detection_s=round(detection_s, 3),
         incident_created_unix=incident["created"],
+        incident_analysed_unix=incident["updated"],
         stall_timeout_s=conf.stall_timeout,
         ranks_dumped=incident["ranks_dumped"],
         ranks_unreachable={str(k): v for k, v in incident["ranks_unreachable"].items()},
