@@ -366,7 +366,7 @@ class HwBackend : public c10d::Backend {
     std::vector<intrusive_ptr<HwWork>> members;
     for (auto& op : batch) {
       members.push_back(op.work);
-      enqueue(std::move(op));
+      enqueue(std::move(op), true);
     }
     auto work = c10::make_intrusive<HwWork>(rank_, c10d::OpType::COALESCED, std::vector<at::Tensor>{});
     Op all{work, "coalesced batch", timeout_, Clock::now(), false, [members]() {
@@ -374,7 +374,7 @@ class HwBackend : public c10d::Backend {
                m->wait(); // ended already: the batch ran ahead of this op
              }
            }};
-    return enqueue(std::move(all));
+    return enqueue(std::move(all), true);
   }
 
   void shutdown() override {
@@ -548,7 +548,8 @@ class HwBackend : public c10d::Backend {
     return enqueue(std::move(op));
   }
 
-  intrusive_ptr<c10d::Work> enqueue(Op op) {
+  // `direct`: onto the stream even inside a coalescing block (the batch's own ops).
+  intrusive_ptr<c10d::Work> enqueue(Op op, bool direct = false) {
     auto work = op.work;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -557,7 +558,7 @@ class HwBackend : public c10d::Backend {
         work->fail(backendError(abortMessage_));
         return work;
       }
-      if (coalescing_ && op.what != "coalesced batch") {
+      if (coalescing_ && !direct) {
         coalesced_.push_back(std::move(op));
         return work;
       }
