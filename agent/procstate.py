@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hangwatch import hook_protocol
 from hangwatch.wire import pb, process_state_name
 
@@ -29,3 +31,22 @@ def process_state(pid: int, starttime: int | None = None) -> int:
 
 def state_name(state: int) -> str:
     return process_state_name(state)
+
+
+def thread_cpu_ticks(pid: int) -> dict[int, int]:
+    """Each thread's CPU time (user + system, clock ticks) from /proc/<pid>/task; {} if gone."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = raw[raw.rfind(")") + 2 :].split()
+        if len(fields) > 12 and tid.isdigit():
+            out[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime
+    return out

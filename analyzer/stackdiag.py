@@ -101,7 +101,9 @@ class _Thread:
 
     @property
     def status(self) -> str:
-        """py-spy's "idle", "active", "active+gil"; "" in faulthandler output."""
+        """py-spy's "idle", "active", "active+gil"; "active+cpu" where the agent saw an
+        "idle" thread use CPU around the dump (waiting for the GIL, not idle); "" in
+        faulthandler output."""
         m = _SPY_STATUS.match(self.header)
         return m["status"] if m else ""
 
