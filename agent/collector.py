@@ -235,7 +235,10 @@ def collect_rank(
     pyspy: str,
     gpu: dict[str, Any],
     tail_context: int = 0,
+    clock: tuple[int, int] | None = None,
 ) -> RankBundle:
+    """One rank's bundle. `clock`: the agent's measured (offset, error) of this
+    host's wall clock from the coordinator's, in ns, recorded in meta.json."""
     rank = t.rank
     state = process_state(t.pid, t.info.proc_starttime)
     alive = state in (pb.PROCESS_STATE_RUNNING, pb.PROCESS_STATE_UNRESPONSIVE)
@@ -372,6 +375,8 @@ def collect_rank(
         # A tails-first incident uploads meta.json and not stacks.txt: one
         # file fewer per rank is 4,096 fewer creates at the coordinator.
         stacks=stacks if tail_context > 0 and stacks else None,
+        clock_offset_ns=clock[0] if clock else None,
+        clock_error_ns=clock[1] if clock else None,
     )
     files[formats.META_FILE] = meta.to_bytes()
     directory = _write_rank_dir(run_dir, incident_id, rank, files)

@@ -450,6 +450,8 @@ class Agent:
             # Exited ranks too: what they left on disk (abort, watchdog dumps).
             trackers += [t for r, t in self.exited.items() if r not in live]
         gpu = collector.gpu_snapshot()
+        # error_ns is 0 until a round trip measured the offset.
+        clock = (self.clock.offset_ns, self.clock.error_ns) if self.clock.error_ns else None
         futures = [
             self._pool.submit(
                 collector.collect_rank,
@@ -459,6 +461,7 @@ class Agent:
                 pyspy=self.cfg.pyspy,
                 gpu=gpu,
                 tail_context=tail_context,
+                clock=clock,
             )
             for t in trackers
         ]

@@ -15,7 +15,10 @@ own moment. What the entries do say, whenever the dump was written:
   culprit: the fault is below it (network, GPU).
 
 Clocks: `time_created_ns` is each host's wall clock. Ranks of one host share
-it. Across hosts the error bound is what NTP-synchronised clusters keep
+it. Across hosts, the offsets the agents measured against the coordinator
+(bundle metadata: `clock_offset_ns`, `clock_error_ns`) put every entry on the
+coordinator's clock, within the sum of the two largest errors; without them,
+the error bound is what NTP-synchronised clusters keep
 (`UNMEASURED_CLOCK_ERROR_S`), and the finding says that clocks were not measured.
 """
 
@@ -42,6 +45,7 @@ STUCK_AFTER_S = 60.0
 COPY_AFTER_S = 86400.0
 
 CLOCKS_ONE_HOST = "one host"
+CLOCKS_MEASURED = "measured offsets"
 CLOCKS_UNMEASURED = "unmeasured"
 
 
@@ -56,7 +60,7 @@ class Arrival:
     late: list[int]  # members that entered conspicuously after the others
     lateness_s: float  # how long after the last on-time member the first late one entered
     clock_error_s: float  # the bound `late` had to exceed (besides LATE_MIN_S)
-    clocks: str  # CLOCKS_ONE_HOST | CLOCKS_UNMEASURED
+    clocks: str  # CLOCKS_ONE_HOST | CLOCKS_MEASURED | CLOCKS_UNMEASURED
     timeout_s: float | None  # the collective's own timeout, as FR recorded it
     # How long after the last member entered it was still unfinished on some
     # member, as the dumps' times show (None: no dump time is known).
@@ -113,9 +117,10 @@ def _arrival(
     import pandas as pd
 
     assert isinstance(at, pd.DataFrame)
-    hosts = {scope.loaded.rank_meta[r].host if r in scope.loaded.rank_meta else None for r in created}
-    one_host = len(hosts) == 1 and None not in hosts
-    err = 0.0 if one_host else UNMEASURED_CLOCK_ERROR_S
+    shifted, err, clocks = _on_one_clock(scope, created)
+    # The dumps' own times, on the same clock as the entries.
+    seen = [newest[r] + shifted[r] - t for r, t in created.items() if r in newest]
+    created = shifted
     order = sorted(created, key=lambda r: created[r])
     times = [created[r] for r in order]
     gaps = np.diff(np.array(times, dtype=np.int64)) / 1e9
@@ -129,7 +134,6 @@ def _arrival(
     timeouts = at["timeout_ms"].to_numpy()
     timeouts = timeouts[timeouts > 0]
     last_in = max(times)
-    seen = [newest[r] for r in created if r in newest]
     return Arrival(
         group=g,
         seq=s,
@@ -138,10 +142,26 @@ def _arrival(
         late=late,
         lateness_s=lateness,
         clock_error_s=err,
-        clocks=CLOCKS_ONE_HOST if one_host else CLOCKS_UNMEASURED,
+        clocks=clocks,
         timeout_s=float(timeouts.min()) / 1000 if len(timeouts) else None,
         unfinished_s=(max(seen) - last_in) / 1e9 if seen else None,
     )
+
+
+def _on_one_clock(scope: Scope, created: dict[int, int]) -> tuple[dict[int, int], float, str]:
+    """Entry times made comparable: (times, error bound in s, how)."""
+    meta = scope.loaded.rank_meta
+    hosts = {meta[r].host if r in meta else None for r in created}
+    if len(hosts) == 1 and None not in hosts:
+        return created, 0.0, CLOCKS_ONE_HOST
+    offsets = {r: meta[r].clock_offset_ns for r in created if r in meta}
+    errors = {r: meta[r].clock_error_ns or 0 for r in created if r in meta}
+    if len(offsets) == len(created) and all(v is not None for v in offsets.values()):
+        shifted = {r: t + int(offsets[r] or 0) for r, t in created.items()}
+        # Two ranks compared: each is off by at most its own error.
+        worst = sorted(errors.values(), reverse=True)[:2]
+        return shifted, sum(worst) / 1e9, CLOCKS_MEASURED
+    return created, UNMEASURED_CLOCK_ERROR_S, CLOCKS_UNMEASURED
 
 
 def _newest_ns(scope: Scope) -> dict[int, int]:

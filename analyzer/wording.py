@@ -18,7 +18,7 @@ from hangwatch.analyzer.report import StalledCollective
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.streams import HeadOp
 from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
-from hangwatch.analyzer.timing import CLOCKS_ONE_HOST, Arrival
+from hangwatch.analyzer.timing import CLOCKS_MEASURED, CLOCKS_ONE_HOST, Arrival
 from hangwatch.analyzer.waits import Unmatched, Wait
 
 from hangwatch.formats import TriggerKind
@@ -263,6 +263,8 @@ def entered_none_finished(a: Arrival) -> str:
 def _clock_words(a: Arrival) -> str:
     if a.clocks == CLOCKS_ONE_HOST:
         return "one host's clock"
+    if a.clocks == CLOCKS_MEASURED:
+        return f"hosts' clocks put on the coordinator's by the agents' offsets, within {a.clock_error_s:.3f}s"
     return (
         f"clocks of different or unknown hosts, not measured against each other: "
         f"assumed within {a.clock_error_s:g}s"

@@ -64,6 +64,12 @@ class RankMeta:
     # `py-spy dump --locals` cut to thread headers, frames and torch.distributed's
     # p2p peer arguments (hangwatch.agent.stackargs); agent-written, absent: not taken.
     peer_stacks: str | None = None
+    # The agent's measured offset of this host's wall clock from the
+    # coordinator's (add it to get the coordinator's) and its error bound, in
+    # ns: what makes FR timestamps of different hosts comparable. None: not
+    # measured (an older agent, no coordinator reached yet).
+    clock_offset_ns: int | None = None
+    clock_error_ns: int | None = None
 
     SCHEMA: ClassVar[str] = RANKMETA
 
@@ -89,6 +95,9 @@ class RankMeta:
             d["exceptions"] = list(self.exceptions)
         if self.peer_stacks is not None:
             d[PEER_STACKS_KEY] = self.peer_stacks
+        if self.clock_offset_ns is not None:
+            d["clock_offset_ns"] = self.clock_offset_ns
+            d["clock_error_ns"] = self.clock_error_ns
         return d
 
     def to_bytes(self, *, pretty: bool = False) -> bytes:
@@ -117,6 +126,8 @@ class RankMeta:
             peer_stacks=c.opt_str(d, PEER_STACKS_KEY, s, None),
             last_report_age_s=c.opt_float(d, "last_report_age_s", s, None),
             exceptions=tuple(c.str_list(d, "exceptions", s)),
+            clock_offset_ns=c.opt_int(d, "clock_offset_ns", s, None),
+            clock_error_ns=c.opt_int(d, "clock_error_ns", s, None),
         )
 
     @classmethod

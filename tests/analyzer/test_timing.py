@@ -132,3 +132,26 @@ def test_clocks_of_different_hosts_need_a_wider_margin(tmp_path: Path) -> None:
     assert "not measured against each other" in next(
         f.detail for f in two.findings if f.kind == FindingKind.ENTERED_NONE_FINISHED
     )
+
+
+@pytest.mark.timeout(30)
+def test_measured_clock_offsets_put_hosts_on_one_clock(tmp_path: Path) -> None:
+    # Rank 1's host runs 5 s fast; the agent measured it (offset -5 s, error 2 ms).
+    # Uncorrected, rank 1 would read 5 s late and be blamed; corrected, rank 2
+    # is the one that came 3 s after the others.
+    job = _job(3.0, timeout_ms=1000, late_rank=2)
+    job.ranks[1].entries[-1]["time_created_ns"] += 5 * S
+    d = tmp_path / "b"
+    for r in range(3):
+        rd = write_meta(
+            d,
+            r,
+            host="node-b" if r == 1 else "node-a",
+            clock_offset_ns=-5 * S if r == 1 else 0,
+            clock_error_ns=2_000_000,
+        )
+        (rd / f"nccl_trace_rank_{r}").write_bytes(job.ranks[r].dump_bytes())
+    report = analyze_path(d)
+    assert (report.verdict, report.lagging_ranks) == ("hang", [2]), report.summary
+    late = next(f for f in report.findings if f.kind == FindingKind.LATE_ARRIVAL)
+    assert "by the agents' offsets, within 0.004s" in late.detail
