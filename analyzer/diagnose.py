@@ -43,6 +43,7 @@ def analyze(
             pg_config=loaded.pg_config,
             rank_meta=loaded.rank_meta,
             world_size=ws,
+            complete_ranks=loaded.complete_ranks,
         )
     E = loaded.entries
     if group is not None:

@@ -120,6 +120,7 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
                 else -1,
                 lagging=sorted(lag_by_group.get(name, set())),
                 membership_known=meta.membership_source != "dumps",
+                membership_source=meta.membership_source,
                 positions=_positions(c, e),
             )
         )

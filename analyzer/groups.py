@@ -36,7 +36,10 @@ class GroupMeta:
     name: str
     desc: str
     ranks: list[int]
-    membership_source: str  # "pg_config" | "bundle" | "dumps" | "world_size"
+    # "pg_config" | "bundle" | "world_size" | "inferred" (every rank of the
+    # world left its complete history: a rank that never mentions the group
+    # is not in it) | "dumps" (only who was seen: other members may exist)
+    membership_source: str
 
 
 def map_pg_ids(
@@ -114,9 +117,16 @@ def build_groups(
     pg_config: dict[int, dict[str, dict[str, Any]]],
     rank_meta: dict[int, RankMeta],
     world_size: int | None,
+    complete_ranks: set[int] | None = None,
 ) -> dict[str, GroupMeta]:
     """Group membership by name: pg_config, else bundle metadata, else the
-    dumps that mention the group, else (default group only) --world-size."""
+    dumps that mention the group, else (default group only) --world-size.
+
+    `complete_ranks`: ranks whose dumps hold their whole history (from the
+    first record, nothing wrapped or cut) and name every group of their
+    pg_status. When those are the whole world, the dumps that mention a
+    group are all its members: "inferred", not just "seen".
+    """
     desc: dict[str, str] = {}
     from_cfg: dict[str, list[int]] = {}
     for r, cfg in pg_config.items():
@@ -169,6 +179,9 @@ def build_groups(
             ranks, src = sorted(from_dumps.get(name, set())), "dumps"
         if name == "0" and world_size and src == "dumps":
             ranks, src = list(range(world_size)), "world_size"
+        if src == "dumps" and world_size and complete_ranks is not None:
+            if set(range(world_size)) <= complete_ranks:
+                src = "inferred"
         out[name] = GroupMeta(
             name=name,
             desc=desc.get(name, "default_pg" if name == "0" else ""),

@@ -94,6 +94,9 @@ class LoadedDumps:
     # rank -> the newest write time of its dump files (the filesystem's clock):
     # when torch or an agent wrote it, unless the files were copied since.
     written_unix: dict[int, float] = field(default_factory=dict)
+    # Ranks whose every dump holds the whole history (record 0 on, not a
+    # tail) and names every group of its pg_status (groups.build_groups).
+    complete_ranks: set[int] = field(default_factory=set)
     world_size: int | None = None
     selected_ranks: set[int] | None = None  # None: every rank found was loaded
     # Ranks read from a tail (hangwatch.frtail) because no full dump of theirs
@@ -126,6 +129,20 @@ class LoadedDumps:
                 "last_completed": np.int64,
             }
         )
+
+
+def whole_histories(parts: list[tuple[int, ParsedDump]]) -> set[int]:
+    """Ranks whose dumps start at record 0 in every instance and are no tails:
+    nothing of their history is missing. Read before the columns are merged
+    (concat_columns takes them)."""
+    out: set[int] = set()
+    bad: set[int] = set()
+    for r, p in parts:
+        rec = p.columns.get("record_id")
+        if p.tail or (rec is not None and len(rec) and int(rec.min()) % RECORD_ID_STRIDE != 0):
+            bad.add(r)
+        out.add(r)
+    return out - bad
 
 
 def load_dumps(
@@ -198,6 +215,7 @@ def load_dumps(
             all_names.update(entry_maps[(r, i)].values())
             done = known_completion if p.completion_known else unknown_completion
             done.update(str(c) for c in grp.cats)
+    whole = whole_histories(parts)
     entries = concat_columns(parts)
 
     pg_status: dict[int, dict[str, PgStatus]] = {}
@@ -221,12 +239,16 @@ def load_dumps(
     for r, p in parts:
         for name, c in p.pg_config.items():
             pg_config.setdefault(r, {}).setdefault(name, c)
+    # A group such a rank never mentions is one it is not in, unless its
+    # pg_status holds a group no entry of it names.
+    complete = whole - set(unmapped)
     groups = build_groups(
         entries=entries,
         pg_status=pg_status,
         pg_config=pg_config,
         rank_meta=rank_meta,
         world_size=world_size,
+        complete_ranks=complete,
     )
     return LoadedDumps(
         root=str(root),
@@ -247,6 +269,7 @@ def load_dumps(
         incident=incident,
         files={r: ", ".join(files_of[r]) for r in ranks},
         written_unix=written,
+        complete_ranks=complete,
         world_size=world_size,
         selected_ranks=selected,
         tail_ranks=sorted({r for r, p in parts if p.tail}),

@@ -206,6 +206,9 @@ class GroupProgress:
     # False when only the dumps name the members (no pg_config ranks, no
     # bundle metadata, no --world-size): `ranks` is who was seen, not who is in it.
     membership_known: bool = True
+    # Where the member list comes from (groups.GroupMeta.membership_source):
+    # "inferred" says nobody named them and the complete dumps were read for it.
+    membership_source: str = ""
     # Where each member with a dump is in this group (a rank's evidence names
     # only its newest collective of any group); empty in older reports.
     positions: list[GroupPosition] = field(default_factory=list)
