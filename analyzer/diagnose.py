@@ -75,9 +75,7 @@ def _diagnose(
     roots = sorted(set(single_roots) | {r for c in cycles for r in c})
     blamed = blame_in_cycles(roots, cycles, waits)
     mismatches = find_mismatches(entries, groups)
-    d = decide(
-        scope, waits, blamed, mismatches, p2p.blocked, outside, entered_none_finished(scope)
-    )
+    d = decide(scope, waits, blamed, mismatches, p2p.blocked, outside, entered_none_finished(scope))
     crash = wording.crash_head(loaded.incident.trigger) if loaded.incident else None
 
     found: list[Finding] = fnd.mismatch_findings(mismatches)

@@ -165,6 +165,7 @@ def build_groups(
         for g in d:
             from_dumps.setdefault(g, set()).add(r)
     out: dict[str, GroupMeta] = {}
+    world_complete = bool(world_size) and set(range(world_size or 0)) <= (complete_ranks or set())
     names = set(from_cfg) | set(from_meta) | set(from_dumps)
     if world_size:
         names.add("0")
@@ -179,9 +180,8 @@ def build_groups(
             ranks, src = sorted(from_dumps.get(name, set())), "dumps"
         if name == "0" and world_size and src == "dumps":
             ranks, src = list(range(world_size)), "world_size"
-        if src == "dumps" and world_size and complete_ranks is not None:
-            if set(range(world_size)) <= complete_ranks:
-                src = "inferred"
+        if src == "dumps" and world_complete:
+            src = "inferred"
         out[name] = GroupMeta(
             name=name,
             desc=desc.get(name, "default_pg" if name == "0" else ""),

@@ -101,7 +101,9 @@ def check(backend: str, timeout: float) -> dict[str, Any]:
                 out.update(json.loads(line[len("GPUCHECK ") :]))
             elif line.startswith("GPUCHECK-WAIT "):
                 out["wait"] = line.split(" ", 1)[1]
-        dumps = sorted(p.name for p in (run_dir / "fr").glob("*")) if (run_dir / "fr").is_dir() else []
+        dumps = (
+            sorted(p.name for p in (run_dir / "fr").glob("*")) if (run_dir / "fr").is_dir() else []
+        )
         out["dump_files"] = dumps
         out["stderr_tail"] = r.stderr[-1500:]
         if dumps:

@@ -129,7 +129,9 @@ def _frtrace(dumps: Path) -> str:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     text = (r.stdout + r.stderr).strip().splitlines()
-    keep = [t for t in text if "rank" in t.lower() or "missing" in t.lower() or "error" in t.lower()]
+    keep = [
+        t for t in text if "rank" in t.lower() or "missing" in t.lower() or "error" in t.lower()
+    ]
     return f"exit {r.returncode}: " + " | ".join((keep or text)[-6:])[:600]
 
 

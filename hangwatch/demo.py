@@ -247,10 +247,9 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
+    from hangwatch.testing import backends
     from hangwatch.testing.launch import JobFailed, launch_job
     from hangwatch.testing.scenarios import get_scenario
-
-    from hangwatch.testing import backends
 
     why = backends.unsupported_reason(ns.backend)
     if why is not None:

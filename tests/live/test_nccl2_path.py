@@ -77,7 +77,9 @@ def test_torch_timeout_first_gives_one_incident_with_every_rank_and_the_culprit(
     # Every rank's dump, rank 1's included although its own collectives never timed out.
     assert out["ranks_dumped"] == [0, 1, 2], out["ranks_unreachable"]
     after = out["incident_created_unix"] - _first_abort_unix(run_dir)
-    print(f"incident {after:.3f}s after torch's first abort; analysed {out['detection_s']:.3f}s after the fault")
+    print(
+        f"incident {after:.3f}s after torch's first abort; analysed {out['detection_s']:.3f}s after the fault"
+    )
     assert 0 <= after <= AFTER_ABORT_S, f"incident {after:.2f}s after torch's first abort"
 
 

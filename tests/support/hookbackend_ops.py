@@ -29,7 +29,11 @@ def main() -> None:
     t = full(r + 1)
     dist.all_reduce(t)
     assert t[0] == sum(range(1, w + 1)), t
-    for op, want in ((dist.ReduceOp.MAX, w), (dist.ReduceOp.MIN, 1), (dist.ReduceOp.AVG, (w + 1) / 2)):
+    for op, want in (
+        (dist.ReduceOp.MAX, w),
+        (dist.ReduceOp.MIN, 1),
+        (dist.ReduceOp.AVG, (w + 1) / 2),
+    ):
         t = full(r + 1)
         dist.all_reduce(t, op=op)
         assert abs(float(t[0]) - want) < 1e-6, (op, t)
