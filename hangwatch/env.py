@@ -66,3 +66,10 @@ WORLD_SIZE = "WORLD_SIZE"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 PYTHONPATH = "PYTHONPATH"
+
+# --- the compiled test backend's build (hangwatch.testing.hookbackend) ---
+# Where built extensions are kept (default: $XDG_CACHE_HOME/hangwatch/ext).
+HANGWATCH_EXT_CACHE = "HANGWATCH_EXT_CACHE"
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
+# The C++ compiler torch's cpp_extension uses (default c++).
+CXX = "CXX"

@@ -31,19 +31,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hangwatch import env
+
 BACKEND_NAME = "hwhooks"
 SOURCE = Path(__file__).with_name("hookbackend.cpp")
-# Where built extensions are kept, one folder per torch version and source.
-CACHE_ENV = "HANGWATCH_EXT_CACHE"
-
 _ext: Any = None
 
 
 def cache_root() -> Path:
     """The folder that holds built extensions (kept between runs)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    if os.environ.get(env.HANGWATCH_EXT_CACHE):
+        return Path(os.environ[env.HANGWATCH_EXT_CACHE])
+    base = Path(os.environ.get(env.XDG_CACHE_HOME) or Path.home() / ".cache")
     return base / "hangwatch" / "ext"
 
 
@@ -70,7 +69,7 @@ def unsupported_reason() -> str | None:
 
     if not hasattr(c.Backend, "supports_completion_hooks"):
         return "this torch's c10d Backend has no completion hooks"
-    cxx = os.environ.get("CXX", "c++")
+    cxx = os.environ.get(env.CXX, "c++")
     if shutil.which(cxx) is None:
         return f"no C++ compiler ({cxx!r} is not on PATH) to build the {BACKEND_NAME} backend"
     from torch.utils import cpp_extension
@@ -114,9 +113,11 @@ def register(name: str = BACKEND_NAME) -> str:
     return name
 
 
-if __name__ == "__main__":  # `python -m hangwatch.testing.hookbackend`: build it now
+if __name__ == "__main__":  # `python -m hangwatch.testing.hookbackend [-v]`: build it now
+    import sys
+
     why = unsupported_reason()
     if why is not None:
         raise SystemExit(f"{BACKEND_NAME}: {why}")
-    build(verbose=bool(os.environ.get("HANGWATCH_EXT_VERBOSE")))
+    build(verbose="-v" in sys.argv[1:])
     print(f"{BACKEND_NAME}: built in {cache_root() / _build_tag()}")
