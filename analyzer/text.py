@@ -36,8 +36,9 @@ def collective_text(op: str, seq: int) -> str:
 
 
 def seq_text(seq: int | None) -> str:
-    """A sequence number for people: FR's -1 (nothing yet) is 'none'."""
-    return "none" if seq is None or seq < 0 else str(seq)
+    """A sequence number for people, as every report and page writes it: "#5";
+    FR's -1 (nothing yet) reads "none"."""
+    return "none" if seq is None or seq < 0 else f"#{seq}"
 
 
 # Findings whose ranks besides the blamed ones are the ones waiting on them.

@@ -41,7 +41,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,12 +60,6 @@ COMPLETION_UNKNOWN = Completion.UNKNOWN
 # The generic instance's name as torch's `backend=` argument spells it.
 GENERIC_INSTANCE = formats.GENERIC_INSTANCE
 NCCL_INSTANCE = "nccl"
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_instance(name: str) -> str:
-    """A backend name as it may appear in a file name and a query string."""
-    return _SAFE_NAME.sub("_", name)[:64] or "unnamed"
 
 
 def c10d_ext() -> Any:

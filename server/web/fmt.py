@@ -23,11 +23,6 @@ def when(unix: float | None) -> str:
     return _dt.datetime.fromtimestamp(unix, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def seq_text(seq: int | None) -> str:
-    """A sequence number for people: FR's -1 (nothing yet) reads "none"."""
-    return "none" if seq is None or seq < 0 else f"#{seq}"
-
-
 def age(seconds: float | None) -> str:
     if seconds is None:
         return "-"

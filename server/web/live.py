@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from hangwatch.analyzer.text import group_desc
+from hangwatch.analyzer.text import group_desc, seq_text
 from hangwatch.server.state import GroupLive, JobRegistry, JobSnapshot, RankLive
 from hangwatch.server.store import IncidentStore
 from hangwatch.server.web import schemas
-from hangwatch.server.web.fmt import age, seq_text
+from hangwatch.server.web.fmt import age
 
 from hangwatch.wire import DEAD_PROCESS_STATES
 

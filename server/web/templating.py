@@ -11,8 +11,8 @@ import functools
 from pathlib import Path
 
 import jinja2
-from hangwatch.analyzer.text import collective_text, group_desc
-from hangwatch.server.web.fmt import age, rank_ranges, seq_text, when
+from hangwatch.analyzer.text import collective_text, group_desc, seq_text
+from hangwatch.server.web.fmt import age, rank_ranges, when
 
 from hangwatch import __version__
 
