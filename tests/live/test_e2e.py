@@ -38,13 +38,18 @@ def _demo(
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
     environ[env.HANGWATCH_POLL_INTERVAL] = "0.5"
+    # A job id of its own: the coordinator is shared, and the previous test's
+    # job (its ranks killed as its demo ended) may still report to it.
+    job_id = f"e2e-{tmp_path.name}"
     r = subprocess.run(
         [sys.executable, "-m", "hangwatch", "demo", "--scenario", scenario, "--ranks", str(WORLD),
          "--coordinator", coordinator["grpc"], "--stall-timeout", str(STALL_TIMEOUT), "--json",
-         "--timeout", "90", "--backend", backend, *extra],
+         "--timeout", "90", "--backend", backend, "--job-id", job_id, *extra],
         capture_output=True, text=True, timeout=150, env=environ,
     )  # fmt: skip
-    assert r.returncode == 0, f"demo failed ({r.returncode}):\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, (
+        f"demo failed ({r.returncode}):\n{r.stderr[-4000:]}\nstdout: {r.stdout[-4000:]}"
+    )
     return json.loads(r.stdout)
 
 
