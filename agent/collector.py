@@ -15,7 +15,6 @@ The rank directory is written under a temporary name and renamed into place.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import shutil
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch.agent import endpoint, stackargs
-from hangwatch.agent.procstate import process_state, state_name, thread_cpu_ticks
+from hangwatch.agent.procstate import process_state, state_name, thread_demand_ns
 from hangwatch.agent.ranks import RankTracker
 
 from hangwatch import formats, frtail, hook_protocol
@@ -152,10 +151,12 @@ def _pyspy(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -
     py-spy's "idle" is the thread's OS state at one instant, and a thread
     computing in pure Python reads idle whenever it waits for the GIL
     another thread holds (measured: 5 dumps in 6 of a process with two
-    spinning threads called one of them idle). So the agent reads every
-    thread's CPU time from /proc around the dump, over at least
-    CPU_WINDOW_S, and a thread py-spy called idle that used a real share of
-    a core meanwhile is marked "active+cpu" (mark_busy).
+    spinning threads called one of them idle). So, when py-spy called some
+    thread idle, the agent reads how long each thread was on a CPU or
+    waiting for one over CPU_WINDOW_S right after the dump (not across it:
+    py-spy stops the process while it reads it, and measured under a loaded
+    suite that stop ate the window), and a thread py-spy called idle that
+    wanted a real share of a core meanwhile is marked "active+cpu" (mark_busy).
     """
     exe = _find_pyspy(pyspy)
     if exe is None:
@@ -165,7 +166,6 @@ def _pyspy(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -
         cmd.append("--nonblocking")
     if with_locals:
         cmd.append("--locals")
-    before, t0 = thread_cpu_ticks(pid), time.monotonic()
     try:
         out = subprocess.run(
             cmd, capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False
@@ -177,25 +177,23 @@ def _pyspy(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -
         raise RuntimeError(f"py-spy exit {out.returncode}: {' / '.join(first)}")
     if "(idle)" not in out.stdout:
         return out.stdout
-    time.sleep(max(0.0, CPU_WINDOW_S - (time.monotonic() - t0)))
-    after, window = thread_cpu_ticks(pid), time.monotonic() - t0
+    before, t0 = thread_demand_ns(pid), time.monotonic()
+    time.sleep(CPU_WINDOW_S)
+    after, window = thread_demand_ns(pid), time.monotonic() - t0
     return mark_busy(out.stdout, busy_threads(before, after, window))
 
 
-# Long enough for clock ticks (10 ms) to tell a thread sharing a core with
-# another spinning one (~50%: 10 ticks) from an idle one (0); paid only when
-# py-spy reads some thread idle, in parallel across a node's ranks.
+# Paid only when py-spy reads some thread idle, in parallel across a node's
+# ranks; a thread computing wants the CPU all of it, an idle one none.
 CPU_WINDOW_S = 0.2
-# A thread that used this share of a core over the window is computing.
+# A thread that wanted this share of a core over the window is computing.
 BUSY_SHARE = 0.1
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _IDLE_HEADER = re.compile(r"^Thread (\d+) \(idle\)", re.MULTILINE)
 
 
 def busy_threads(before: dict[int, int], after: dict[int, int], window_s: float) -> set[int]:
-    """Threads whose CPU time grew by BUSY_SHARE of the window (and 2 ticks) or more."""
-    # Whole ticks; the epsilon keeps 0.1 * 0.2 s / 10 ms at 2, not 2.0000000000000004.
-    need = max(2, math.ceil(BUSY_SHARE * window_s / _TICK_S - 1e-9))
+    """Threads that wanted the CPU (ns on or waiting for one) for BUSY_SHARE of the window."""
+    need = int(BUSY_SHARE * window_s * 1e9)
     return {tid for tid, t in after.items() if tid in before and t - before[tid] >= need}
 
 

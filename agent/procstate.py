@@ -33,20 +33,38 @@ def state_name(state: int) -> str:
     return process_state_name(state)
 
 
-def thread_cpu_ticks(pid: int) -> dict[int, int]:
-    """Each thread's CPU time (user + system, clock ticks) from /proc/<pid>/task; {} if gone."""
+def thread_demand_ns(pid: int) -> dict[int, int]:
+    """Each thread's time on a CPU plus its time waiting on a run queue, in ns
+    (/proc/<pid>/task/<tid>/schedstat); {} if the process is gone.
+
+    A thread that computes wants the CPU whether or not a loaded machine
+    gives it one: the wait counts too. Where schedstat cannot be read, the
+    thread's CPU time from stat (10 ms ticks) stands in.
+    """
     out: dict[int, int] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
+        if not tid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                run, wait = f.read().split()[:2]
+            out[int(tid)] = int(run) + int(wait)
+            continue
+        except (OSError, ValueError):
+            pass  # no schedstat here: fall back to stat
         try:
             with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
                 raw = f.read().decode("ascii", "replace")
         except OSError:
             continue  # the thread ended meanwhile
         fields = raw[raw.rfind(")") + 2 :].split()
-        if len(fields) > 12 and tid.isdigit():
-            out[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime
+        if len(fields) > 12:
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) * _TICK_NS  # utime, stime
     return out
+
+
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")

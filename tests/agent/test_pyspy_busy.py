@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from hangwatch.agent import collector
-from hangwatch.agent.procstate import thread_cpu_ticks
+from hangwatch.agent.procstate import thread_demand_ns
 from helpers import wait_until
 
 _JOB = """
@@ -35,7 +35,7 @@ spin()
 def busy_process() -> Iterator[int]:
     p = subprocess.Popen([sys.executable, "-c", _JOB])
     try:
-        wait_until(lambda: len(thread_cpu_ticks(p.pid)) >= 3, timeout=20, what="3 threads")
+        wait_until(lambda: len(thread_demand_ns(p.pid)) >= 3, timeout=20, what="3 threads")
         yield p.pid
     finally:
         p.kill()
@@ -63,11 +63,10 @@ def test_spinning_threads_never_read_idle_and_a_sleeping_one_does(busy_process: 
 
 @pytest.mark.timeout(10)
 def test_busy_threads_need_a_real_share_of_a_core() -> None:
-    tick = collector._TICK_S
     window = 0.2
-    need = max(2, round(collector.BUSY_SHARE * window / tick))
+    need = int(collector.BUSY_SHARE * window * 1e9)
     before = {1: 100, 2: 100, 3: 100}
-    after = {1: 100 + need, 2: 100 + need - 1, 3: 100, 4: 500}
+    after = {1: 100 + need, 2: 100 + need - 1, 3: 100, 4: 10**12}
     # 4 started inside the window: no baseline, no claim.
     assert collector.busy_threads(before, after, window) == {1}
     text = 'Thread 1 (idle): "a"\nThread 2 (idle): "b"\nThread 3 (active): "c"\n'
