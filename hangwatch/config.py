@@ -44,6 +44,7 @@ def _opt(
     *,
     secret: bool = False,
     help_for: Mapping[str, str] | None = None,
+    choices: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "flag": flag,
@@ -53,6 +54,8 @@ def _opt(
         "secret": secret,
         # A command's own wording where one field means different things to each.
         "help_for": dict(help_for or {}),
+        # The only values the flag takes (argparse lists them in the usage line).
+        "choices": tuple(choices) if choices is not None else None,
     }
 
 
@@ -275,6 +278,7 @@ class Config:
                 AGENT: "observe or abort: abort lets the coordinator have this agent end its"
                 " node's ranks after a hang; observe refuses (the coordinator needs abort too).",
             },
+            choices=ON_HANG,
         ),
     )
     abort_grace: float = field(
@@ -508,6 +512,8 @@ def add_arguments(
         if command not in md["commands"] or md["flag"] is None:
             continue
         default = (defaults or {}).get(f.name, f.default)
+        if default is dataclasses.MISSING:  # computed at run time (a default_factory)
+            default = "the host name" if f.name == "node_id" else None
         shown = "" if md["secret"] or default in (None, "", False) else f"; default {default}"
         help_text = f"{md['help_for'].get(command, md['help'])} [env {md['env']}{shown}]"
         if _field_type(f).startswith("bool"):
@@ -519,6 +525,10 @@ def add_arguments(
                 md["flag"], dest=f.name, action="append", default=None, metavar="URL",
                 help=help_text,
             )  # fmt: skip
+        elif md["choices"]:
+            parser.add_argument(
+                md["flag"], dest=f.name, default=None, choices=md["choices"], help=help_text
+            )
         else:
             parser.add_argument(
                 md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text

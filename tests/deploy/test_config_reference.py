@@ -40,3 +40,23 @@ def test_secrets_have_no_flag() -> None:
             assert f.metadata["flag"] is None, (
                 f"{f.name} is secret but has a CLI flag (shows in ps)"
             )
+
+
+@pytest.mark.timeout(30)
+def test_every_commands_help_shows_real_defaults() -> None:
+    """--help never prints a dataclass sentinel where a default is computed at run
+    time, and a flag with a fixed set of values lists them in the usage line."""
+    import argparse
+
+    for command in ("server", "agent", "run", "demo", "analyze"):
+        p = argparse.ArgumentParser(prog=command)
+        config.add_arguments(p, command)
+        text = p.format_help()
+        assert "MISSING" not in text, (command, text)
+    p = argparse.ArgumentParser(prog="agent")
+    config.add_arguments(p, "agent")
+    text = " ".join(p.format_help().split())
+    assert "default the host name" in text
+    assert "--on-hang {observe,abort}" in text
+    with pytest.raises(SystemExit):
+        p.parse_args(["--on-hang", "sometimes"])
