@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hangwatch import env
-from hangwatch.formats import HookEventKind
+from tests.support.hookevents import first_abort_unix
 
 _TORCH_JOB = """
 import os, sys, time
@@ -156,7 +156,7 @@ def hangwatch_run(world: int, timeout: float) -> dict[str, Any]:
         if r.returncode != 0:
             raise SystemExit(f"demo failed ({r.returncode}): {r.stderr[-2000:]}")
         out = json.loads(r.stdout)
-        first = _first_abort(run_dir)
+        first = first_abort_unix(run_dir)
         return {
             "incident_s": out["incident_created_unix"] - first,
             "analysed_s": out["incident_analysed_unix"] - first,
@@ -165,18 +165,6 @@ def hangwatch_run(world: int, timeout: float) -> dict[str, Any]:
             "lagging_ranks": out["lagging_ranks"],
             "summary": out["summary"],
         }
-
-
-def _first_abort(run_dir: Path) -> float:
-    times = [
-        float(doc["unix"])
-        for f in (run_dir / "hook").glob("*.events.jsonl")
-        for doc in map(json.loads, f.read_text().splitlines())
-        if doc.get("kind") == HookEventKind.BACKEND_ABORT
-    ]
-    if not times:
-        raise SystemExit(f"no backend-abort event under {run_dir}")
-    return min(times)
 
 
 def main() -> None:

@@ -100,16 +100,21 @@ def test_attach_outside_a_rank_is_silent_and_writes_nothing(tmp_path: Path) -> N
 # --- a hook-recorded backend, live -------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hooked_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    """hwstore default group + a gloo subgroup; after 5 steps rank 1 stops, rank 0 blocks."""
-    skip_unless_backend("hwstore")
-    job = start_job(tmp_path_factory.mktemp("hooked"), mode="hang", backend="hwstore")
+def _hang_job(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Iterator[Job]:
+    """`backend` default group + a gloo subgroup; after 5 steps rank 1 stops, rank 0 blocks."""
+    skip_unless_backend(backend)
+    job = start_job(tmp_path_factory.mktemp(backend), mode="hang", backend=backend)
     try:
         job.wait_ready()
         yield job
     finally:
         job.close()
+
+
+@pytest.fixture(scope="module")
+def hooked_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """Without completion hooks (hwstore)."""
+    yield from _hang_job(tmp_path_factory, "hwstore")
 
 
 def _trackers(job: Job) -> dict[int, RankTracker]:
@@ -283,14 +288,8 @@ def test_health_check_is_asked_where_torch_has_it(hang_job: Job) -> None:
 
 @pytest.fixture(scope="module")
 def nccl2_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    """hwhooks default group + a gloo subgroup; after 5 steps rank 1 stops, rank 0 blocks."""
-    skip_unless_backend("hwhooks")
-    job = start_job(tmp_path_factory.mktemp("nccl2"), mode="hang", backend="hwhooks")
-    try:
-        job.wait_ready()
-        yield job
-    finally:
-        job.close()
+    """With completion hooks (hwhooks, NCCL2's contract)."""
+    yield from _hang_job(tmp_path_factory, "hwhooks")
 
 
 @pytest.mark.torch

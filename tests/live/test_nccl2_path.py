@@ -26,28 +26,16 @@ from pathlib import Path
 import pytest
 
 from hangwatch import env
-from hangwatch.formats import HookEventKind
 from hangwatch.testing.backends import HWHOOKS
 from tests.helpers import skip_unless_backend
 from tests.live.conftest import coordinator_process
+from tests.support.hookevents import first_abort_unix
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 COLLECTIVE_TIMEOUT_S = 3.0
 # The issue's bound: the incident opens this soon after torch's first abort.
 AFTER_ABORT_S = 3.0
-
-
-def _first_abort_unix(run_dir: Path) -> float:
-    """When torch first called the hook's abort hook on any rank (its events files)."""
-    times = []
-    for f in (run_dir / "hook").glob("*.events.jsonl"):
-        for line in f.read_text().splitlines():
-            doc = json.loads(line)
-            if doc.get("kind") == HookEventKind.BACKEND_ABORT:
-                times.append(float(doc["unix"]))
-    assert times, f"no backend-abort event in {run_dir / 'hook'}"
-    return min(times)
 
 
 @pytest.mark.timeout(300)
@@ -76,7 +64,7 @@ def test_torch_timeout_first_gives_one_incident_with_every_rank_and_the_culprit(
     assert (st["group"], st["op"], st["missing_ranks"]) == ("0", "all_reduce", [1])
     # Every rank's dump, rank 1's included although its own collectives never timed out.
     assert out["ranks_dumped"] == [0, 1, 2], out["ranks_unreachable"]
-    after = out["incident_created_unix"] - _first_abort_unix(run_dir)
+    after = out["incident_created_unix"] - first_abort_unix(run_dir)
     print(
         f"incident {after:.3f}s after torch's first abort; analysed {out['detection_s']:.3f}s after the fault"
     )
