@@ -33,8 +33,7 @@ from hangwatch.agent.procstate import process_state, state_name, thread_demand_n
 from hangwatch.agent.ranks import RankTracker
 
 from hangwatch import formats, frtail, hook_protocol
-from hangwatch.formats import FrSource, MissingReason, RankMeta
-from hangwatch.recorders import Recorder
+from hangwatch.formats import FrSource, MissingReason, RankMeta, Recorder
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.agent")

@@ -1,7 +1,7 @@
 """The agent's half of the straggler signal: one clock for the job, and polls on a shared grid.
 
 The coordinator tells how late each rank enters collectives by comparing the
-ranks' enqueue counters read at the same instant (server/stragglers.py). Two
+ranks' enqueue counters read at the same instant (server/live/stragglers.py). Two
 things make "the same instant" true across hosts without touching training:
 
 - the agent estimates its wall clock's offset from the coordinator's over

@@ -24,9 +24,9 @@ from hangwatch.agent.numbering import Numbering, raw_key
 from hangwatch.agent.procstate import process_state
 
 from hangwatch import formats, hook_protocol
-from hangwatch.formats import HookEvent, HookEventKind, RankInfo
+from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
 from hangwatch.formats.checks import read_file
-from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC, Recorder
+from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC
 from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
 
 log = logging.getLogger("hangwatch.agent")

@@ -196,6 +196,3 @@ def _without_weak_blame(waits: list[Wait]) -> tuple[list[Wait], set[int]]:
 
 def _waiting(waits: list[Wait]) -> set[int]:
     return {r for w in waits if w.targets for r in w.waiters}
-
-
-__all__ = ["analyze"]

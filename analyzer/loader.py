@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from hangwatch.analyzer.bundle import (
-    MAX_META_BYTES,
-    MAX_STACKS_BYTES,
     group_names,
     read_incident,
     read_rank_meta,
@@ -31,12 +29,8 @@ from hangwatch.analyzer.coded import Coded
 from hangwatch.analyzer.decode import MAX_ENTRIES_PER_FILE, ParsedDump
 from hangwatch.analyzer.discovery import discover, parse_ranks
 from hangwatch.analyzer.groups import GroupMeta, PgStatus, build_groups, map_pg_ids
-from hangwatch.analyzer.parse import parse_dump_bytes
 from hangwatch.analyzer.reading import (
     MAX_FILE_BYTES,
-    PARALLEL_MIN_BYTES,
-    PARALLEL_MIN_FILES,
-    PARALLEL_MIN_MEAN_BYTES,
     RECORD_ID_STRIDE,
     ProgressCallback,
     choose_dumps,
@@ -45,29 +39,8 @@ from hangwatch.analyzer.reading import (
     shift_record_ids,
 )
 from hangwatch.analyzer.report import FileError
-from hangwatch.analyzer.sniff import DumpFormatError
 
 from hangwatch.formats import IncidentDoc, RankMeta
-
-__all__ = [
-    "MAX_FILE_BYTES",
-    "MAX_META_BYTES",
-    "MAX_STACKS_BYTES",
-    "PARALLEL_MIN_BYTES",
-    "PARALLEL_MIN_FILES",
-    "PARALLEL_MIN_MEAN_BYTES",
-    "RECORD_ID_STRIDE",
-    "DumpFormatError",
-    "FileError",
-    "GroupMeta",
-    "LoadedDumps",
-    "PgStatus",
-    "ProgressCallback",
-    "build_groups",
-    "load_dumps",
-    "parse_dump_bytes",
-    "parse_ranks",
-]
 
 
 @dataclass(kw_only=True)

@@ -2,9 +2,8 @@
 
 The work is done in three stages, one module each: `sniff` (pickle or JSON,
 by content), `coded` (string columns as codes into distinct values) and
-`decode` (a decoded dump object into `ParsedDump` columns). This module keeps
-the names callers have always imported from here, and `parse_dump_bytes`,
-the one-call form that returns plain Python values.
+`decode` (a decoded dump object into `ParsedDump` columns). This module is
+`parse_dump_bytes`, the one-call form that returns plain Python values.
 """
 
 from __future__ import annotations
@@ -13,54 +12,11 @@ from typing import Any
 
 import numpy as np
 from hangwatch.analyzer.coded import Coded
-from hangwatch.analyzer.coded import encode as _coded  # noqa: F401
-from hangwatch.analyzer.coded import marshal_keys as _marshal_keys  # noqa: F401
-from hangwatch.analyzer.coded import only_str as _only_str  # noqa: F401
-from hangwatch.analyzer.coded import str_or as _str_or  # noqa: F401
-from hangwatch.analyzer.coded import tuple_keys as _tuple_keys  # noqa: F401
 from hangwatch.analyzer.decode import (
-    BOOL_COLUMNS,
     ENTRY_COLUMNS,
-    FLOAT_COLUMNS,
-    INT_COLUMNS,
-    MAX_ENTRIES_PER_FILE,
-    MAX_FRAMED_ENTRIES_PER_FILE,
-    P2P_OPS,
-    SELF_RECORDING_BACKENDS,
-    STR_COLUMNS,
-    ParsedDump,
     decode_dump,
-    recorder_semantics,
 )
-from hangwatch.analyzer.decode import group_columns as _groups  # noqa: F401
-from hangwatch.analyzer.fields import dtypes_norm as _dtypes_norm  # noqa: F401
-from hangwatch.analyzer.fields import fast_int_column as _fast_int_column  # noqa: F401
-from hangwatch.analyzer.fields import sizes_str as _sizes_str  # noqa: F401
-from hangwatch.analyzer.fields import split_profiling_name
-from hangwatch.analyzer.sniff import DumpFormatError, sniff_and_decode
-
-# The `as _name` imports (noqa) keep the old private names that
-# tests/analyzer/test_parse_columns.py reaches into.
-
-__all__ = [
-    "BOOL_COLUMNS",
-    "ENTRY_COLUMNS",
-    "FLOAT_COLUMNS",
-    "INT_COLUMNS",
-    "MAX_ENTRIES_PER_FILE",
-    "MAX_FRAMED_ENTRIES_PER_FILE",
-    "P2P_OPS",
-    "SELF_RECORDING_BACKENDS",
-    "STR_COLUMNS",
-    "Coded",
-    "DumpFormatError",
-    "ParsedDump",
-    "decode_dump",
-    "parse_dump_bytes",
-    "recorder_semantics",
-    "sniff_and_decode",
-    "split_profiling_name",
-]
+from hangwatch.analyzer.sniff import sniff_and_decode
 
 
 def parse_dump_bytes(data: bytes) -> dict[str, Any]:

@@ -88,6 +88,3 @@ def known_roots(
     return [
         r for r in roots if r not in unsure or not all(w.queued for w in waits if r in w.targets)
     ]
-
-
-__all__ = ["known_roots", "outside_waits"]

@@ -169,6 +169,3 @@ def stream_waits(scope: Scope, pending: pd.DataFrame, free: set[int]) -> list[Wa
             w.detail[r] = set(behind)
         out.append(w)
     return out
-
-
-__all__ = ["HeadOp", "heads", "pending_ops", "stream_waits"]

@@ -36,7 +36,8 @@ def check_dump(data: bytes, workdir: Path, *, full: bool = True) -> None:
     replay test takes every kept input through the directory loader and
     the analyzer too."""
     from hangwatch.analyzer import analyze, load_dumps
-    from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
+    from hangwatch.analyzer.parse import parse_dump_bytes
+    from hangwatch.analyzer.sniff import DumpFormatError
 
     refused = False
     try:

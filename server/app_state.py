@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch.analyzer.report import Report
-from hangwatch.server.live_metrics import LiveGauges
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStore
-from hangwatch.server.stragglers import StragglerMonitor
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.integrations.gauges import LiveGauges
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.stragglers import StragglerMonitor
 
 from hangwatch.config import Config
 

@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from hangwatch.server.action_records import ActionRecord
-from hangwatch.server.actions import ActionPolicy, ActionRunner
-from hangwatch.server.analysis import IsolatedAnalyzer
 from hangwatch.server.app_state import ServerContext
-from hangwatch.server.grpc_service import CoordinatorService, TokenAuth
-from hangwatch.server.incidents import Analyze, IncidentManager
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.notify import Notifier, dashboard_base
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentRow, IncidentStore
-from hangwatch.server.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
-from hangwatch.server.uploads import MAX_FILE_BYTES
-from hangwatch.server.web.api import incident_summary
+from hangwatch.server.incidents.action_records import ActionRecord
+from hangwatch.server.incidents.analysis import IsolatedAnalyzer
+from hangwatch.server.incidents.finalize import Analyze
+from hangwatch.server.incidents.manager import IncidentManager
+from hangwatch.server.incidents.store import IncidentRow, IncidentStore
+from hangwatch.server.ingest.service import CoordinatorService, TokenAuth
+from hangwatch.server.ingest.uploads import MAX_FILE_BYTES
+from hangwatch.server.integrations.actions import ActionPolicy, ActionRunner
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.integrations.notifications import Notifier, dashboard_base
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
 
 from hangwatch.config import Config
 from hangwatch.wire import rpc
@@ -174,7 +174,7 @@ class Coordinator:
 
     def _publish_action(self, event: str, row: IncidentRow, rec: ActionRecord) -> None:
         """`incident.action`: the incident as listed, plus the action that finished."""
-        item = incident_summary(row).model_dump(mode="json")
+        item = row.summary_fields()
         item["action"] = {"kind": rec.kind, "status": rec.status, "summary": rec.summary}
         text = f"[hangwatch] job {row.job_id}: {rec.kind} {rec.status}: {rec.summary}"
         self.notifier.publish(event, item, text=f"{text} {self.incident_url(row.id)}")

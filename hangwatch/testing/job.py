@@ -203,7 +203,7 @@ class _Job:
             self.members[name] = list(ranks)
 
     def group_infos(self) -> list[Any]:
-        from hangwatch.testing.snapshot import GroupInfo
+        from hangwatch.formats import GroupInfo
 
         infos = [
             GroupInfo(name=DEFAULT_GROUP, desc="default_pg", ranks=self.members[DEFAULT_GROUP])

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from hangwatch.server.app_state import ServerContext
-from hangwatch.server.store import IncidentRow
+from hangwatch.server.incidents.store import IncidentRow
 from hangwatch.server.web import bundle, live, prom, schemas
 
 router = APIRouter()
@@ -43,23 +43,7 @@ def parse_time(value: str | None, name: str) -> float | None:
 
 
 def incident_summary(row: IncidentRow) -> schemas.IncidentSummary:
-    return schemas.IncidentSummary(
-        id=row.id,
-        job=row.job_id,
-        created=row.created,
-        status=row.status,
-        open=row.is_open,
-        transient=row.transient,
-        trigger=row.trigger,
-        verdict=row.verdict,
-        summary=row.summary,
-        lagging_ranks=row.lagging_ranks,
-        detection_s=row.detection_s,
-        closed_at=row.closed_at,
-        stall_s=row.stall_s,
-        late_ranks=row.late_ranks,
-        close_reason=row.close_reason,
-    )
+    return schemas.IncidentSummary(**row.summary_fields())
 
 
 def incident_detail(row: IncidentRow) -> schemas.IncidentDetail:

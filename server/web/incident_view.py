@@ -17,7 +17,7 @@ from hangwatch.server.web import timeline, waitgraph
 from markupsafe import Markup
 
 if TYPE_CHECKING:
-    from hangwatch.server.store import IncidentRow
+    from hangwatch.server.incidents.store import IncidentRow
 
 VERDICT_TEXT = {
     "hang": "Hang",

@@ -11,8 +11,9 @@ import re
 from collections.abc import Iterable
 
 from hangwatch.analyzer.text import group_desc, seq_text
-from hangwatch.server.state import GroupLive, JobRegistry, JobSnapshot, RankLive
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.views import GroupLive, JobSnapshot, RankLive
 from hangwatch.server.web import schemas
 from hangwatch.server.web.fmt import age
 

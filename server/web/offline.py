@@ -16,7 +16,7 @@ from hangwatch.server.web.templating import environment, static_text
 from markupsafe import Markup
 
 if TYPE_CHECKING:
-    from hangwatch.server.store import IncidentRow
+    from hangwatch.server.incidents.store import IncidentRow
 
 
 def info_from_row(row: IncidentRow) -> incident_view.IncidentInfo:

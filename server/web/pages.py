@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from hangwatch.server.store import OPEN_STATUSES, STATUSES
+from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
 from hangwatch.server.web.templating import environment

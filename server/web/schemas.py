@@ -8,7 +8,7 @@ to `Report.from_dict`.
 from __future__ import annotations
 
 from hangwatch.analyzer.report import Report
-from hangwatch.server.action_records import ActionRecord
+from hangwatch.server.incidents.action_records import ActionRecord
 from pydantic import BaseModel, Field
 
 JOB_STATE = (

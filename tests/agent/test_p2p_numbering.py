@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hangwatch.agent import ranks as ranks_mod
 from hangwatch.agent.ranks import RankTracker
-from hangwatch.server.state import JobRegistry
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch import safepickle
 from hangwatch.formats import RankInfo

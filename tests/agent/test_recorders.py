@@ -262,7 +262,8 @@ def test_torchs_own_dump_to_file_is_picked_up_as_a_watchdog_dump(hooked_job: Job
         agent.client.close()
     assert (pb.EVENT_KIND_WATCHDOG_DUMP, 0, "fr_trace_rank_0") in seen, seen
     dump = Path(prefix + "0").read_bytes()
-    from hangwatch.analyzer.parse import decode_dump, sniff_and_decode
+    from hangwatch.analyzer.decode import decode_dump
+    from hangwatch.analyzer.sniff import sniff_and_decode
 
     parsed = decode_dump(sniff_and_decode(dump))
     assert parsed.backend == "hwstore" and parsed.hooked and not parsed.completion_known

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fr_dumps import SimJob
 from hangwatch.analyzer import analyze, load_dumps
-from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
+from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.sniff import DumpFormatError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from fr_dumps import SimJob, write_meta
 from hangwatch.analyzer import analyze_path, load_dumps
-from hangwatch.analyzer.loader import parse_ranks
-from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
+from hangwatch.analyzer.discovery import parse_ranks
+from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.sniff import DumpFormatError
 
 from hangwatch.safepickle import UnsafePickleError, safe_loads
 

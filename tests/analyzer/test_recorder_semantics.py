@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from hangwatch.analyzer import analyze_path
-from hangwatch.analyzer.parse import decode_dump, sniff_and_decode
+from hangwatch.analyzer.decode import decode_dump
+from hangwatch.analyzer.sniff import sniff_and_decode
 
 
 def _hook_dump(backend: str, rank: int, entered: int, world: int) -> dict[str, object]:

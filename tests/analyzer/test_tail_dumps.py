@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from fr_dumps import SimJob, write_meta
 from hangwatch.analyzer import analyze, analyze_path, load_dumps
-from hangwatch.analyzer.parse import decode_dump, sniff_and_decode
+from hangwatch.analyzer.decode import decode_dump
 from hangwatch.analyzer.report import Report
+from hangwatch.analyzer.sniff import sniff_and_decode
 from helpers import CONFORMANCE_DIR, GOLDEN_DIR, REPO_ROOT, observed_verdict
 
 from hangwatch import formats

@@ -20,7 +20,7 @@ import grpc
 import httpx
 import pytest
 import yaml
-from hangwatch.server.metrics import FAMILIES
+from hangwatch.server.integrations.metrics import FAMILIES
 from hangwatch.server.runtime import ServerRuntime
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -211,4 +211,6 @@ def test_every_metric_the_code_records_is_declared() -> None:
                 used.setdefault(name, str(path.relative_to(ROOT)))
     assert "hangwatch_incidents_total" in used  # the pattern finds real call sites
     missing = {n: p for n, p in used.items() if n not in declared}
-    assert not missing, f"record only families declared in server/metrics.py: {missing}"
+    assert not missing, (
+        f"record only families declared in server/integrations/metrics.py: {missing}"
+    )

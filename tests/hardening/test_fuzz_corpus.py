@@ -76,7 +76,7 @@ def _verdict(results: dict[str, str]) -> None:
     # "memory-bomb": a few KB whose memo index or length makes CPython's C
     # unpickler allocate gigabytes. Under an address-space cap that is a clean
     # per-file error, and the coordinator always analyses in a capped child
-    # (server/analysis.py; tests/server/test_isolated_analysis.py), so that is
+    # (server/incidents/analysis.py; tests/server/test_isolated_analysis.py), so that is
     # the contract here too.
     broken = {k: v for k, v in results.items() if v not in ("ok", "memory-bomb")}
     assert not broken, broken

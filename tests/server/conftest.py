@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 from hangwatch.server.coordinator import Coordinator
-from hangwatch.server.store import IncidentRow
+from hangwatch.server.incidents.store import IncidentRow
 
 from hangwatch import formats
 from hangwatch.config import Config

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from hangwatch.analyzer.report import Report
-from hangwatch.server import actions
 from hangwatch.server.coordinator import Coordinator
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentRow, IncidentStore
+from hangwatch.server.incidents.store import IncidentRow, IncidentStore
+from hangwatch.server.integrations import actions
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch import config, env
 from hangwatch.wire import pb, rpc

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from hangwatch.server.detector import MemberProgress, find_group_stall
-from hangwatch.server.incident_triggers import stall_trigger
-from hangwatch.server.views import StalledGroup
+from hangwatch.server.incidents.triggers import stall_trigger
+from hangwatch.server.live.detector import MemberProgress, find_group_stall
+from hangwatch.server.live.views import StalledGroup
 
 
 def _p(rank: int, le: int, lc: int, **kw: object) -> MemberProgress:

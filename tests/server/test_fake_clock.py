@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 from hangwatch.analyzer.report import Report
-from hangwatch.server.incidents import NO_ANSWER, IncidentManager
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import Command, JobRegistry, StaleSession, StalledGroup
-from hangwatch.server.store import IncidentRow, IncidentStore
+from hangwatch.server.incidents.collection import NO_ANSWER
+from hangwatch.server.incidents.manager import IncidentManager
+from hangwatch.server.incidents.store import IncidentRow, IncidentStore
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.commands import Command
+from hangwatch.server.live.registry import JobRegistry, StaleSession
+from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
 from hangwatch.wire import pb

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from hangwatch.server.coordinator import Coordinator
-from hangwatch.server.store import IncidentRow
+from hangwatch.server.incidents.store import IncidentRow
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc

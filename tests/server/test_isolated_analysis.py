@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hangwatch.server.analysis import IsolatedAnalyzer
+from hangwatch.server.incidents.analysis import IsolatedAnalyzer
 
 REPO = Path(__file__).resolve().parents[2]
 BOMB = REPO / "tests" / "fuzz_corpus" / "loader" / "oom-882e3bf657eaf90758f35506f1cf0829649088e1"

@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore
 
 from hangwatch import formats
 from hangwatch.wire import pb

@@ -8,7 +8,7 @@ harness (agents played by feeding real protobuf messages to the registry).
 from __future__ import annotations
 
 import pytest
-from hangwatch.server.detector import STEADY_MOVES, JobQuiet, QuietRank, find_job_quiet
+from hangwatch.server.live.detector import STEADY_MOVES, JobQuiet, QuietRank, find_job_quiet
 
 from hangwatch.wire import pb
 

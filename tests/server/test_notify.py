@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from hangwatch.server.coordinator import Coordinator
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.notify import SCHEMA, Notifier, Policy, Target
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.integrations.notifications import SCHEMA, Notifier, Policy, Target
 from hangwatch.server.web.schemas import IncidentSummary
 
 from hangwatch import formats
@@ -325,7 +325,7 @@ def test_a_bad_webhook_url_is_refused_without_echoing_it(
 @pytest.mark.timeout(10)
 def test_the_store_tells_its_listener_each_status_change_once(tmp_path: Path) -> None:
     from hangwatch.analyzer.report import Report
-    from hangwatch.server.store import IncidentRow, IncidentStore
+    from hangwatch.server.incidents.store import IncidentRow, IncidentStore
 
     store = IncidentStore.in_dir(tmp_path)
     seen: list[tuple[str, str]] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from hangwatch.analyzer.report import Finding, RankEvidence, Report, StalledCollective
-from hangwatch.server.store import IncidentStore, UnknownIncident
+from hangwatch.server.incidents.store import IncidentStore, UnknownIncident
 
 
 def _report(lagging: list[int]) -> Report:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hangwatch.server.coordinator import Coordinator
-from hangwatch.server.notify import SCHEMA
+from hangwatch.server.integrations.notifications import SCHEMA
 
 from tests.support.simagents.lateness import SimJob, replay
 from tests.support.webhook import receiver

@@ -11,7 +11,12 @@ import random
 import statistics
 
 import pytest
-from hangwatch.server.stragglers import KIND_DEVICE, KIND_HOST, StragglerMonitor, median_without
+from hangwatch.server.live.stragglers import (
+    KIND_DEVICE,
+    KIND_HOST,
+    StragglerMonitor,
+    median_without,
+)
 
 from hangwatch.wire import pb
 from tests.support.simagents.lateness import SimJob, replay

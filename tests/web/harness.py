@@ -27,9 +27,9 @@ from hangwatch.analyzer.report import (
     WaitEdge,
 )
 from hangwatch.server.app_state import ServerContext
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.config import Config
 from hangwatch.wire import pb

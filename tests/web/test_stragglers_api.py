@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from hangwatch.server.stragglers import StragglerMonitor
+from hangwatch.server.live.stragglers import StragglerMonitor
 
 from tests.support.simagents.lateness import SimJob, replay
 from tests.web.conftest import JOB, Served

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hangwatch.server.stragglers import StragglerMonitor
+from hangwatch.server.live.stragglers import StragglerMonitor
 from hangwatch.server.web.app import create_app
 
 from tests.support.simagents.lateness import SimJob, replay

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hangwatch.server.action_records import ActionRecord, RankOutcome
+from hangwatch.server.incidents.action_records import ActionRecord, RankOutcome
 from hangwatch.server.web.app import create_app
 
 from tests.web import harness

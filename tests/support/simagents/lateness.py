@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch.agent.delta import DeltaReporter
-from hangwatch.server.stragglers import JobStragglers, Straggler, StragglerMonitor
+from hangwatch.server.live.stragglers import JobStragglers, Straggler, StragglerMonitor
 
 from hangwatch import pollgrid
 from hangwatch.wire import pb

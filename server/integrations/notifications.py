@@ -37,9 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.store import IncidentRow, IncidentStatus
-from hangwatch.server.web.api import incident_summary
+from hangwatch.server.incidents.store import IncidentRow, IncidentStatus
+from hangwatch.server.integrations.metrics import Metrics
 
 from hangwatch import __version__
 
@@ -179,7 +178,7 @@ class Notifier:
         """The store's status listener: one event per change of an incident's status."""
         event = EVENTS.get(row.status)
         if event is not None:
-            item = incident_summary(row).model_dump(mode="json")
+            item = row.summary_fields()
             self.publish(event, item, text=incident_line(event, row, self.link(row.id)))
 
     def queued(self) -> int:

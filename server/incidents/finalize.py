@@ -14,18 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hangwatch.analyzer.report import Finding, Report
-from hangwatch.server.commands import Command
-from hangwatch.server.incident_bundle import write_incident_json, write_unreachable_meta
-from hangwatch.server.incident_collection import Collection
-from hangwatch.server.incident_triggers import fmt_ranks
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.incidents.bundle import write_incident_json, write_unreachable_meta
+from hangwatch.server.incidents.collection import Collection
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.incidents.triggers import fmt_ranks
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.commands import Command
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.formats import MissingReason
 from hangwatch.wire import pb
 
-log = logging.getLogger("hangwatch.server.incidents")
+log = logging.getLogger("hangwatch.server.incidents.manager")
 
 Analyze = Callable[[Path, int | None], Report]
 

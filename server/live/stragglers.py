@@ -76,7 +76,7 @@ MAX_CLOCK_ERROR_NS: Final = 20_000_000  # readings from a worse-synchronised age
 MAX_JOBS: Final = 1024
 MAX_SKEW_TICKS: Final = 10  # a reading further than this from the coordinator's now is refused
 KIND_HOST: Final = "host"
-# The notification (server/notify.py) a newly named straggler publishes.
+# The notification (server/integrations/notifications.py) a newly named straggler publishes.
 STRAGGLER_EVENT: Final = "straggler"
 KIND_DEVICE: Final = "device"
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentStatus, IncidentStore
-from hangwatch.server.stragglers import StragglerMonitor
+from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.stragglers import StragglerMonitor
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 

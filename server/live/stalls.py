@@ -11,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from hangwatch.server.detector import (
+from hangwatch.server.live.detector import (
     JobQuiet,
     MemberProgress,
     QuietRank,
     find_group_stall,
     find_job_quiet,
 )
-from hangwatch.server.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
-from hangwatch.server.views import StalledGroup
+from hangwatch.server.live.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
+from hangwatch.server.live.views import StalledGroup
 
 from hangwatch.formats import StallKind
 

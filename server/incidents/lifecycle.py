@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from hangwatch.server.incident_triggers import fmt_ranks
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import OPEN_STATUSES, IncidentStatus, IncidentStore
+from hangwatch.server.incidents.store import OPEN_STATUSES, IncidentStatus, IncidentStore
+from hangwatch.server.incidents.triggers import fmt_ranks
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.formats import JobStopped, TriggerKind
 
-log = logging.getLogger("hangwatch.server.incidents")
+log = logging.getLogger("hangwatch.server.incidents.manager")
 
 # Triggers whose incident can clear by itself when progress resumes.
 NOT_RESOLVABLE: Final = frozenset({TriggerKind.CRASH})

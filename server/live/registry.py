@@ -8,8 +8,7 @@ ever contribute durations they measured themselves.
 
 The registry owns the lock and the records; what it hands out is built by
 `views` (read-only copies), `stalls` (the stall scan) and `commands` (the
-agents' mailboxes). Their public names are re-exported here, where the
-dashboard and the gRPC service have always imported them from.
+agents' mailboxes); callers import those names from those modules.
 """
 
 from __future__ import annotations
@@ -20,27 +19,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from hangwatch.server.commands import PENDING_COMMANDS, Command
-from hangwatch.server.detector import JobQuiet
-from hangwatch.server.records import (
-    EVENT_RING,
+from hangwatch.server.live.commands import Command
+from hangwatch.server.live.detector import JobQuiet
+from hangwatch.server.live.records import (
     AgentRecord,
     GroupRecord,
     JobRecord,
     RankGroupRecord,
     RankRecord,
     in_flight_age,
-    process_state_name,
 )
-from hangwatch.server.stalls import scan_quiet, scan_stalls
-from hangwatch.server.views import (
-    AgentLive,
-    GroupLive,
+from hangwatch.server.live.stalls import scan_quiet, scan_stalls
+from hangwatch.server.live.views import (
     JobCensus,
-    JobEvent,
     JobSnapshot,
-    RankGroupLive,
-    RankLive,
     StalledGroup,
     job_snapshot,
     stopped_reason,
@@ -48,29 +40,7 @@ from hangwatch.server.views import (
 
 from hangwatch import formats
 from hangwatch.formats import JobStopped, MissingReason
-from hangwatch.wire import COLLECTIVES_UNKNOWN, EXITED_PROCESS_STATES, pb
-
-__all__ = [
-    "EVENT_RING",
-    "HANDLED_STALLS",
-    "MAX_GROUPS_PER_RANK",
-    "MAX_JOBS",
-    "MAX_RANKS_PER_AGENT",
-    "MAX_WORLD_SIZE",
-    "PENDING_COMMANDS",
-    "AgentLive",
-    "Command",
-    "GroupLive",
-    "JobCensus",
-    "JobEvent",
-    "JobRegistry",
-    "JobSnapshot",
-    "RankGroupLive",
-    "RankLive",
-    "StaleSession",
-    "StalledGroup",
-    "process_state_name",
-]
+from hangwatch.wire import COLLECTIVES_UNKNOWN, EXITED_PROCESS_STATES, pb, process_state_name
 
 # Bounds on what agents can make the coordinator hold.
 MAX_WORLD_SIZE: Final = 1 << 20
@@ -175,7 +145,7 @@ class JobRegistry:
 
     def register(self, req: pb.RegisterRequest) -> str:
         """Record an agent and its ranks; returns the new session id. The
-        request must already be validated (hangwatch.server.validate)."""
+        request must already be validated (hangwatch.server.ingest.validate)."""
         now = self._clock()
         session_id = secrets.token_hex(16)
         with self._lock:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from hangwatch.server.detector import JobQuiet
-from hangwatch.server.state import JobRegistry, StalledGroup
-from hangwatch.server.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.live.detector import JobQuiet
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
 from hangwatch.formats import IncidentDoc, RankMeta, StallKind, TriggerKind

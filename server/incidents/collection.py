@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from hangwatch.server.commands import Command
-from hangwatch.server.store import IncidentRow
+from hangwatch.server.incidents.store import IncidentRow
+from hangwatch.server.live.commands import Command
 
 from hangwatch import formats
 from hangwatch.formats import MissingReason

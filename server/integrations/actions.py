@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch.analyzer.report import Report
-from hangwatch.server.action_records import ABORT, EXCLUDE, ActionRecord, RankOutcome
-from hangwatch.server.commands import Command
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry
-from hangwatch.server.store import IncidentRow, IncidentStatus, IncidentStore
+from hangwatch.server.incidents.action_records import ABORT, EXCLUDE, ActionRecord, RankOutcome
+from hangwatch.server.incidents.store import IncidentRow, IncidentStatus, IncidentStore
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.commands import Command
+from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch import config, env
 from hangwatch.wire import pb

@@ -31,7 +31,7 @@ log = logging.getLogger("hangwatch.server")
 
 def _init_child(limit_bytes: int) -> None:
     # The worker's parent is the forkserver; see orphan_guard for why a thread.
-    from hangwatch.server.orphan_guard import watch_parent
+    from hangwatch.server.incidents.orphan_guard import watch_parent
 
     watch_parent()
     if limit_bytes > 0:
@@ -70,7 +70,7 @@ class IsolatedAnalyzer:
             if self._pool is None:
                 ctx = multiprocessing.get_context("forkserver")
                 # Imported by the forkserver at its start: it dies with us.
-                ctx.set_forkserver_preload(["hangwatch.server.orphan_guard"])
+                ctx.set_forkserver_preload(["hangwatch.server.incidents.orphan_guard"])
                 self._pool = ProcessPoolExecutor(
                     max_workers=1,
                     mp_context=ctx,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from hangwatch.server.incident_collection import Collection
+from hangwatch.server.incidents.collection import Collection
 
 from hangwatch import formats
 from hangwatch.formats import IncidentDoc, RankMeta

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from hangwatch.analyzer.report import Report
-from hangwatch.server.action_records import ActionRecord
+from hangwatch.server.incidents.action_records import ActionRecord
 
 from hangwatch.formats import TriggerKind
 
@@ -140,6 +140,28 @@ class IncidentRow:
         """A stall that cleared by itself."""
         return self.status == IncidentStatus.RESOLVED
 
+    def summary_fields(self) -> dict[str, Any]:
+        """The incident as every list shows it: the API's `IncidentSummary`, a
+        webhook's `incident` and the action events are all this, so a field added
+        here reaches each of them under one name (`job`, `created`)."""
+        return {
+            "id": self.id,
+            "job": self.job_id,
+            "created": self.created,
+            "status": self.status,
+            "open": self.is_open,
+            "transient": self.transient,
+            "trigger": self.trigger,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "lagging_ranks": list(self.lagging_ranks),
+            "detection_s": self.detection_s,
+            "closed_at": self.closed_at,
+            "stall_s": self.stall_s,
+            "late_ranks": list(self.late_ranks),
+            "close_reason": self.close_reason,
+        }
+
 
 @dataclass(kw_only=True, frozen=True)
 class JobRow:
@@ -205,7 +227,7 @@ class IncidentStore:
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._closed = False
         # Called with the fresh row after every committed change of an
-        # incident's status (server/notify.py); a listener must not block.
+        # incident's status (server/integrations/notifications.py); a listener must not block.
         self.on_status_change: list[Callable[[IncidentRow], None]] = []
 
     @classmethod

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import BinaryIO, ClassVar, Final
 
 import grpc
-from hangwatch.server import validate
-from hangwatch.server.validate import Invalid
+from hangwatch.server.ingest import validate
+from hangwatch.server.ingest.validate import Invalid
 
 from hangwatch.wire import pb
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hangwatch.server.records import (
+from hangwatch.server.live.records import (
     AgentRecord,
     GroupRecord,
     JobRecord,

@@ -6,7 +6,7 @@ labels={...})`) and tests read values back the same way. A registry of its
 own, never the process-global default, lets servers (and tests) run side by
 side. Gauges read from live state at scrape time (agents, ranks, per-job
 stall state) come from collectors added with `add_collector`
-(`server/live_metrics.py`). The families, what they mean and the alert rules
+(`server/integrations/gauges.py`). The families, what they mean and the alert rules
 built on them are in docs/operations.md, "Monitoring".
 """
 
@@ -231,7 +231,9 @@ class Metrics:
     def _child(self, name: str, kind: str, labels: Labels | None) -> Counter | Gauge | Histogram:
         f = _BY_NAME.get(name)
         if f is None or f.kind != kind:
-            raise ValueError(f"no {kind} named {name!r} in hangwatch.server.metrics.FAMILIES")
+            raise ValueError(
+                f"no {kind} named {name!r} in hangwatch.server.integrations.metrics.FAMILIES"
+            )
         m = self._families[name]
         return m.labels(**{k: str(v) for k, v in labels.items()}) if labels else m
 

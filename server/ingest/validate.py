@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from hangwatch.server.state import MAX_GROUPS_PER_RANK, MAX_RANKS_PER_AGENT, MAX_WORLD_SIZE
-from hangwatch.server.store import INCIDENT_ID_RE
+from hangwatch.server.incidents.store import INCIDENT_ID_RE
+from hangwatch.server.live.registry import MAX_GROUPS_PER_RANK, MAX_RANKS_PER_AGENT, MAX_WORLD_SIZE
 
 from hangwatch.wire import pb
 

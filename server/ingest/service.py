@@ -19,9 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
-from hangwatch.server import validate
-from hangwatch.server.actions import ActionRunner
-from hangwatch.server.batch_uploads import (
+from hangwatch.server.incidents.manager import IncidentManager
+from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.ingest import validate
+from hangwatch.server.ingest.batches import (
     FileBatch,
     GroupSync,
     HeldBytes,
@@ -29,13 +30,12 @@ from hangwatch.server.batch_uploads import (
     rename_in,
     write_parts,
 )
-from hangwatch.server.incidents import IncidentManager
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry, StaleSession
-from hangwatch.server.store import IncidentStore
-from hangwatch.server.stragglers import StragglerMonitor
-from hangwatch.server.uploads import MAX_FILE_BYTES, FileUpload, UploadError, UploadTracker
-from hangwatch.server.validate import Invalid
+from hangwatch.server.ingest.uploads import MAX_FILE_BYTES, FileUpload, UploadError, UploadTracker
+from hangwatch.server.ingest.validate import Invalid
+from hangwatch.server.integrations.actions import ActionRunner
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.registry import JobRegistry, StaleSession
+from hangwatch.server.live.stragglers import StragglerMonitor
 
 from hangwatch import __version__
 from hangwatch.wire import pb, rpc

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from hangwatch.server import validate
-from hangwatch.server.uploads import (
+from hangwatch.server.ingest import validate
+from hangwatch.server.ingest.uploads import (
     MAX_FILES_PER_RANK,
     FileKey,
     IntegrityError,
     TooLarge,
 )
-from hangwatch.server.validate import Invalid
+from hangwatch.server.ingest.validate import Invalid
 
 from hangwatch.wire import pb
 

@@ -10,10 +10,10 @@ worker. gRPC handlers call `on_event` and `on_dump_result`; both are short.
 The manager tells time only through the registry's clock, so tests can drive
 the whole lifecycle with a fake one by calling `tick()` themselves.
 
-The stages live in their own modules: `incident_triggers` (what opens one),
-`incident_collection` (asking for dumps, tracking answers), `incident_bundle`
-(the files the coordinator writes) and `incident_finalize` (analysis and the
-stored verdict). Their public names are re-exported here.
+The stages live in their own modules of this package: `triggers` (what opens
+one), `collection` (asking for dumps, tracking answers), `bundle` (the files
+the coordinator writes), `finalize` (analysis and the stored verdict) and
+`lifecycle` (after the verdict).
 """
 
 from __future__ import annotations
@@ -26,28 +26,22 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from hangwatch.analyzer.report import Report
-from hangwatch.server.detector import JobQuiet
-from hangwatch.server.incident_bundle import write_incident_json
-from hangwatch.server.incident_collection import (
-    AGENT_UNREACHABLE,
-    NO_ANSWER,
-    RESTARTED,
+from hangwatch.server.incidents.bundle import write_incident_json
+from hangwatch.server.incidents.collection import (
     Collection,
     fr_stored,
     tail_context_for,
 )
-from hangwatch.server.incident_finalize import (
+from hangwatch.server.incidents.finalize import (
     Analyze,
     analyse_and_store,
     default_analyze,
     full_dump_commands,
-    mark_unobserved,
     record_failure,
 )
-from hangwatch.server.incident_lifecycle import Watch, late_hint, publish_states, step
-from hangwatch.server.incident_triggers import (
-    EVENT_TRIGGERS,
-    STORED_DEDUPE_LOOKBACK,
+from hangwatch.server.incidents.lifecycle import Watch, late_hint, publish_states, step
+from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
+from hangwatch.server.incidents.triggers import (
     Trigger,
     event_trigger,
     fmt_ranks,
@@ -55,25 +49,13 @@ from hangwatch.server.incident_triggers import (
     stall_trigger,
     stored_incident_for,
 )
-from hangwatch.server.metrics import Metrics
-from hangwatch.server.state import JobRegistry, StalledGroup
-from hangwatch.server.store import IncidentStatus, IncidentStore
+from hangwatch.server.integrations.metrics import Metrics
+from hangwatch.server.live.detector import JobQuiet
+from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
 from hangwatch.wire import pb
-
-__all__ = [
-    "AGENT_UNREACHABLE",
-    "EVENT_TRIGGERS",
-    "NO_ANSWER",
-    "RESTARTED",
-    "STORED_DEDUPE_LOOKBACK",
-    "Analyze",
-    "IncidentManager",
-    "default_analyze",
-    "fmt_ranks",
-    "mark_unobserved",
-]
 
 log = logging.getLogger(__name__)
 

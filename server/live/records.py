@@ -11,12 +11,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from hangwatch.server.commands import Mailbox
-from hangwatch.server.detector import MOVE_SPACING_S, STEADY_MOVES
+from hangwatch.server.live.commands import Mailbox
+from hangwatch.server.live.detector import MOVE_SPACING_S, STEADY_MOVES
 
-from hangwatch.wire import pb, process_state_name
-
-__all__ = ["process_state_name"]  # re-exported: the registry names states through it
+from hangwatch.wire import pb
 
 EVENT_RING: Final = 256  # recent events kept per job
 

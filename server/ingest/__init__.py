@@ -1,0 +1,3 @@
+"""What agents send: the gRPC service, the checks on every message, and bundle uploads
+written to disk.
+"""
