@@ -11,18 +11,19 @@ integer or None. The result is still py-spy's own format.
 
 from __future__ import annotations
 
-import re
 from typing import Final
+
+from hangwatch.stacktext import (
+    PYSPY_ARG,
+    PYSPY_FRAME,
+    PYSPY_SECTION,
+    THREAD_HEADERS,
+    TORCH_DIST,
+)
 
 # torch.distributed's p2p signatures: send(tensor, dst, group, tag, group_dst),
 # recv(tensor, src, group, tag, group_src), isend/irecv alike, P2POp(op, tensor, peer, ...).
 PEER_ARGS: Final = frozenset({"src", "dst", "group_src", "group_dst", "peer", "tag", "group"})
-TORCH_DIST: Final = "torch/distributed/"
-
-_THREAD = re.compile(r"^Thread \S+ \([^()]*\)(: \"[^\"]*\")?\s*$")
-_FRAME = re.compile(r"^    \S.*? \([^()]*:\d+\)\s*$")
-_ARG = re.compile(r"^ {12}(?P<name>\w+): (?P<value>-?\d+|None)\s*$")
-_SECTION = re.compile(r"^ {8}(Arguments|Locals):\s*$")
 
 
 def keep_peer_args(dump: str) -> str:
@@ -32,20 +33,20 @@ def keep_peer_args(dump: str) -> str:
     section = ""
     header = False  # the frame's "Arguments:" line is written with its first kept argument
     for line in dump.splitlines():
-        if _THREAD.match(line):
+        if line.startswith(THREAD_HEADERS):
             out.append(line.rstrip())
             in_dist_frame = False
-        elif _FRAME.match(line):
+        elif f := PYSPY_FRAME.match(line):
             out.append(line.rstrip())
-            in_dist_frame = TORCH_DIST in line.replace("\\", "/")
+            in_dist_frame = TORCH_DIST in f["file"].replace("\\", "/")
             section = ""
-        elif m := _SECTION.match(line):
-            section = m.group(1)
+        elif m := PYSPY_SECTION.match(line):
+            section = m["section"]
             header = True
         elif (
             in_dist_frame
             and section == "Arguments"
-            and (a := _ARG.match(line))
+            and (a := PYSPY_ARG.match(line))
             and a["name"] in PEER_ARGS
             and (a["name"] != "group" or a["value"] == "None")
         ):

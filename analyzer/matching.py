@@ -397,6 +397,6 @@ def _odd_calls(sub: pd.DataFrame, odd: list[int]) -> str:
 
 
 def _ranks(ranks: pd.Series | list[int]) -> str:
-    from hangwatch.analyzer.text import rank_list
+    from hangwatch.rankspec import format_ranks
 
-    return rank_list(sorted(int(r) for r in ranks))
+    return format_ranks(sorted(int(r) for r in ranks))

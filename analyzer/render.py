@@ -11,7 +11,6 @@ from hangwatch.analyzer.text import (
     finding_roles,
     group_desc,
     group_sort_key,
-    rank_list,
     seq_text,
     stack_excerpt,
 )
@@ -20,6 +19,8 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from hangwatch.rankspec import format_ranks
 
 MAX_GROUP_ROWS = 24
 MAX_LAGGING_ROWS = 32
@@ -41,11 +42,11 @@ _VERDICT_STYLE = {
 def render(report: Report, console: Console) -> None:
     style = _VERDICT_STYLE.get(report.verdict, "bold")
     console.print(Text(f"[{report.verdict}] ", style=style) + Text(report.summary))
-    loaded = f"ranks loaded: {rank_list(report.ranks_loaded)}"
+    loaded = f"ranks loaded: {format_ranks(report.ranks_loaded)}"
     if report.ranks_missing:
-        loaded += f"   missing: {rank_list(report.ranks_missing)}"
+        loaded += f"   missing: {format_ranks(report.ranks_missing)}"
     if report.tail_ranks:
-        loaded += f"   from FR tails only: {rank_list(report.tail_ranks)}"
+        loaded += f"   from FR tails only: {format_ranks(report.tail_ranks)}"
     console.print(Text(loaded, style="dim"))
     if report.basis == "stacks":
         console.print(Text("basis: the ranks' Python stacks (FR shows no culprit)", style="bold"))
@@ -59,16 +60,16 @@ def render(report: Report, console: Console) -> None:
         t.add_column()
         t.add_row("group", _group_name(sc.group, sc.group_desc, sc.group_ranks))
         t.add_row("collective", f"{sc.op} #{sc.seq}  [dim]{sc.profiling_name}[/dim]")
-        t.add_row("members", rank_list(sc.group_ranks))
-        t.add_row("entered", rank_list(sc.entered_ranks))
+        t.add_row("members", format_ranks(sc.group_ranks))
+        t.add_row("entered", format_ranks(sc.entered_ranks))
         if sc.completed_ranks:
-            t.add_row("completed", rank_list(sc.completed_ranks))
+            t.add_row("completed", format_ranks(sc.completed_ranks))
         # A member without a dump is not known to have never entered: say "no dump".
         nodump = sorted(set(sc.missing_ranks) & set(report.ranks_missing))
         never = [r for r in sc.missing_ranks if r not in nodump]
-        t.add_row("never entered", Text(rank_list(never), style="red" if never else ""))
+        t.add_row("never entered", Text(format_ranks(never), style="red" if never else ""))
         if nodump:
-            t.add_row("no dump", Text(rank_list(nodump), style="yellow"))
+            t.add_row("no dump", Text(format_ranks(nodump), style="yellow"))
         if sc.input_sizes:
             t.add_row("sizes / dtypes", f"{sc.input_sizes} {','.join(sc.dtypes)}")
         console.print(Panel(t, title="stalled collective", expand=False))
@@ -127,7 +128,7 @@ def render(report: Report, console: Console) -> None:
                 else f"{len(g.ranks)}? (membership unknown)",
                 seq_text(g.min_completed),
                 seq_text(g.max_enqueued),
-                Text(rank_list(g.lagging, limit=6), style="red") if g.lagging else Text("-"),
+                Text(format_ranks(g.lagging, limit=6), style="red") if g.lagging else Text("-"),
             )
         if len(rows) > MAX_GROUP_ROWS:
             stalled = sum(1 for g in rows if g.lagging)
@@ -152,7 +153,7 @@ def _group_name(group: str, desc: str, ranks: list[int]) -> str:
     """'72 (EXPERT_MODEL_PARALLEL_GROUP)'; an unnamed one by its members: '1 (ranks 2,3)'."""
     if group_desc(desc):
         return f"{group} ({desc})"
-    return f"{group} (ranks {rank_list(ranks)})" if ranks else group
+    return f"{group} (ranks {format_ranks(ranks)})" if ranks else group
 
 
 def _finding_ranks(kind: str, ranks: list[int], blamed: list[int]) -> Text:
@@ -163,7 +164,7 @@ def _finding_ranks(kind: str, ranks: list[int], blamed: list[int]) -> Text:
             out.append("\n")
         if role:
             out.append(f"{role} ", style="dim")
-        out.append(rank_list(rs, limit=6), style="red" if role == "blamed" else "")
+        out.append(format_ranks(rs, limit=6), style="red" if role == "blamed" else "")
     return out
 
 

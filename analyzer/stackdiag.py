@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch.analyzer.report import (
@@ -42,9 +40,10 @@ from hangwatch.analyzer.report import (
     StackDiagnosis,
     StackState,
 )
-from hangwatch.analyzer.text import main_rank, rank_list
 
 from hangwatch.formats import RankMeta
+from hangwatch.rankspec import format_ranks
+from hangwatch.stacktext import Frame, main_thread, parse_threads
 
 MAX_RANK_STACKS: Final = 64  # RankStack rows a report carries (the odd ones always)
 EXCERPT_FRAMES: Final = 6
@@ -56,8 +55,6 @@ P2P_FUNCS: Final = frozenset(
 )
 _RECV_ARGS: Final = ("src", "group_src", "peer")
 _SEND_ARGS: Final = ("dst", "group_dst", "peer")
-_TORCH_DIST: Final = "torch/distributed/"
-_TORCH_DIST_SERVERS: Final = ("torch/distributed/debug", "torch/distributed/elastic/")
 _PIPELINING: Final = "torch/distributed/pipelining/"
 _DATA_LOADER: Final = "torch/utils/data/"
 # Innermost stdlib frames that mean "waiting", in a format that has no idle flag.
@@ -66,78 +63,8 @@ _WAITING_FILES: Final = ("threading.py", "queue.py", "selectors.py", "subprocess
 _GIL_MARK: Final = "GIL held"
 _COMM: Final = frozenset({StackState.P2P, StackState.COLLECTIVE})
 
-_FH_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
-_SPY_FRAME = re.compile(r"^ {4}(?P<func>\S.*?) \((?P<file>[^()]*):(?P<line>\d+)\)\s*$")
-_SPY_ARG = re.compile(r"^ {12}(?P<name>\w+): (?P<value>-?\d+|None)\s*$")
-# py-spy's "Thread 9892 (idle)"; faulthandler's "Thread 0x7f.. (most recent
-# call first):" carries no status.
-_SPY_STATUS = re.compile(r"^Thread \S+ \((?P<status>(?:idle|active)[^()]*)\)")
 
-
-@dataclass
-class _Frame:
-    func: str
-    file: str
-    line: str
-    args: dict[str, int | None] = field(default_factory=dict)
-
-    def text(self) -> str:
-        # py-spy names methods "Class.method"; the short name is what torch calls it.
-        return f"{self.func} ({os.path.basename(self.file)}:{self.line})"
-
-    @property
-    def short(self) -> str:
-        return self.func.rsplit(".", 1)[-1].strip()
-
-    @property
-    def path(self) -> str:
-        return self.file.replace("\\", "/")
-
-
-@dataclass
-class _Thread:
-    header: str
-    frames: list[_Frame] = field(default_factory=list)  # innermost first
-
-    @property
-    def status(self) -> str:
-        """py-spy's "idle", "active", "active+gil"; "active+cpu" where the agent saw an
-        "idle" thread use CPU around the dump (waiting for the GIL, not idle); "" in
-        faulthandler output."""
-        m = _SPY_STATUS.match(self.header)
-        return m["status"] if m else ""
-
-
-def parse_threads(stacks: str) -> list[_Thread]:
-    """Threads of a faulthandler-style dump (torch's dump_traceback) or a py-spy dump."""
-    threads: list[_Thread] = []
-    for line in stacks.splitlines():
-        if not line.strip():
-            continue
-        m = _FH_FRAME.match(line) or _SPY_FRAME.match(line)
-        if m and threads:
-            threads[-1].frames.append(_Frame(m["func"], m["file"], m["line"]))
-        elif (a := _SPY_ARG.match(line)) and threads and threads[-1].frames:
-            v = a["value"]
-            threads[-1].frames[-1].args[a["name"]] = None if v == "None" else int(v)
-        elif line.startswith(("Thread ", "Current thread ")):
-            threads.append(_Thread(header=line))
-    return [t for t in threads if t.frames]
-
-
-def main_thread(threads: list[_Thread]) -> _Thread | None:
-    """The thread `text.main_rank` is surest is the main one (the first of
-    equals), or None where none can be."""
-    ranked = [(main_rank(t.header, (t.frames[-1].func, t.frames[-1].file)), t) for t in threads]
-    best = min(ranked, key=lambda rt: rt[0], default=None)
-    return best[1] if best is not None and best[0] < 2 else None
-
-
-def _in_dist(f: _Frame) -> bool:
-    return _TORCH_DIST in f.path and not any(s in f.path for s in _TORCH_DIST_SERVERS)
-
-
-def _peer(f: _Frame) -> tuple[str, int | None]:
+def _peer(f: Frame) -> tuple[str, int | None]:
     """("from"/"to", the global peer) of a p2p frame; None where the stack does not say
     (a group-local rank of a group that is not the default one cannot be mapped)."""
     recv = f.short in ("recv", "irecv")
@@ -164,7 +91,7 @@ def classify(rank: int, meta: RankMeta) -> RankStack:
         state = StackState.GIL_HELD if gil else StackState.NO_STACKS
         return RankStack(rank=rank, state=state, detail=str(errors.get("stacks", ""))[:200])
     frames = [f.text() for f in t.frames[:EXCERPT_FRAMES]]
-    dist = [f for f in t.frames if _in_dist(f)]
+    dist = [f for f in t.frames if f.in_dist]
     if dist:
         p2p = [f for f in dist if f.short in P2P_FUNCS or _PIPELINING in f.path]
         if p2p:
@@ -247,7 +174,7 @@ def _states(rows: Iterable[RankStack]) -> str:
     by: dict[str, list[int]] = {}
     for s in rows:
         by.setdefault(s.state, []).append(s.rank)
-    return "; ".join(f"ranks {rank_list(rs)} {_STATE_WORDS[st]}" for st, rs in by.items())
+    return "; ".join(f"ranks {format_ranks(rs)} {_STATE_WORDS[st]}" for st, rs in by.items())
 
 
 _STATE_WORDS: Final[dict[str, str]] = {
@@ -269,7 +196,7 @@ def _summary(
     parts: list[str] = []
     for c in cycles:
         chain = ", ".join(f"{r} {rows[r].detail.split(' (')[0]}" for r in c)
-        parts.append(f"ranks {rank_list(c)} deadlock in p2p ({chain})")
+        parts.append(f"ranks {format_ranks(c)} deadlock in p2p ({chain})")
     cyc = {r for c in cycles for r in c}
     for r in odd:
         if r not in cyc:
@@ -277,7 +204,7 @@ def _summary(
             parts.append(f"rank {r} is {_STATE_WORDS[s.state]} {s.detail}".rstrip())
     if parts:
         waiting = sorted(r for r, s in rows.items() if r not in odd and s.state in _COMM)
-        tail = f"; ranks {rank_list(waiting)} wait on them" if waiting else ""
+        tail = f"; ranks {format_ranks(waiting)} wait on them" if waiting else ""
         return PREFIX + "; ".join(parts) + tail + "."
     if all(s.state in _COMM for s in rows.values()):
         how = "the p2p peers are not in the stacks" if not waits_on else "no cycle closes"

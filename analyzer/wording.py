@@ -17,11 +17,12 @@ from hangwatch.analyzer.matching import Mismatch
 from hangwatch.analyzer.report import StalledCollective
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.streams import HeadOp
-from hangwatch.analyzer.text import UNNAMED_DESCS, plural, rank_list
+from hangwatch.analyzer.text import UNNAMED_DESCS, plural
 from hangwatch.analyzer.timing import CLOCKS_MEASURED, CLOCKS_ONE_HOST, Arrival
 from hangwatch.analyzer.waits import Unmatched, Wait
 
 from hangwatch.formats import TriggerKind
+from hangwatch.rankspec import format_ranks
 
 # ---------- names ----------
 
@@ -33,7 +34,7 @@ def gname(groups: dict[str, GroupMeta], g: str) -> str:
         return g
     if meta.desc not in UNNAMED_DESCS:
         return f"{g} ({meta.desc})"
-    return f"{g} (ranks {rank_list(meta.ranks)})" if meta.ranks else g
+    return f"{g} (ranks {format_ranks(meta.ranks)})" if meta.ranks else g
 
 
 def coll_name(sc: StalledCollective | None) -> str:
@@ -43,11 +44,11 @@ def coll_name(sc: StalledCollective | None) -> str:
 
 
 def ranks_word(ranks: list[int]) -> str:
-    return f"Rank {ranks[0]}" if len(ranks) == 1 else f"Ranks {rank_list(ranks)}"
+    return f"Rank {ranks[0]}" if len(ranks) == 1 else f"Ranks {format_ranks(ranks)}"
 
 
 def ranks_lower(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
 def where(groups: dict[str, GroupMeta], w: Wait) -> str:
@@ -100,10 +101,10 @@ def hang_summary(
                 f"in group {g} for {'it' if len(odd) == 1 else 'them'}."
             )
         return (
-            f"Cross-group deadlock: ranks {rank_list(c)} wait on each other in different groups "
+            f"Cross-group deadlock: ranks {format_ranks(c)} wait on each other in different groups "
             f"(entered in opposite orders), e.g. {sc.op or 'collective'} #{sc.seq} in group {g}."
             if gs
-            else f"Ranks {rank_list(c)} wait on each other in a cycle."
+            else f"Ranks {format_ranks(c)} wait on each other in a cycle."
         )
     blamed = sorted(best.targets & set(roots))
     proven = [r for r in blamed if r not in no_dump]
@@ -121,8 +122,8 @@ def hang_summary(
     if others:
         lag = [r for r in others if r not in no_dump]
         nd = [r for r in others if r in no_dump]
-        parts = ([rank_list(lag)] if lag else []) + (
-            [f"no dump from {rank_list(nd)}"] if nd else []
+        parts = ([format_ranks(lag)] if lag else []) + (
+            [f"no dump from {format_ranks(nd)}"] if nd else []
         )
         s = s[:-1] + f" (also lagging: {'; '.join(parts)})."
     behind = set().union(*(w.waiters for w in targeted)) - set(best.waiters) - set(roots)
@@ -184,7 +185,7 @@ def outside_selection_summary(outside: list[Wait]) -> str:
 
 def outside_selection(groups: dict[str, GroupMeta], outside: list[Wait]) -> str:
     shown = "; ".join(
-        f"{rank_list(sorted(w.waiters))} with {rank_list(sorted(w.targets))} at {where(groups, w)}"
+        f"{format_ranks(sorted(w.waiters))} with {format_ranks(sorted(w.targets))} at {where(groups, w)}"
         for w in outside[:6]
     )
     more = f" and {len(outside) - 6} more" if len(outside) > 6 else ""
@@ -353,13 +354,13 @@ def cross_group_deadlock(
 ) -> str:
     c = set(cycle)
     parts = [
-        f"rank {r} waits in {gname(groups, w.group)} #{w.seq} on {rank_list(w.targets & c)}"
+        f"rank {r} waits in {gname(groups, w.group)} #{w.seq} on {format_ranks(w.targets & c)}"
         for w in waits
         for r in sorted(w.waiters & c)
         if w.targets & c
     ]
     return (
-        f"ranks {rank_list(cycle)} wait on each other across groups {', '.join(cycle_groups)} "
+        f"ranks {format_ranks(cycle)} wait on each other across groups {', '.join(cycle_groups)} "
         f"(collectives entered in different orders): " + "; ".join(parts[:8])
     )
 

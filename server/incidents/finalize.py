@@ -17,12 +17,12 @@ from hangwatch.analyzer.report import Finding, Report
 from hangwatch.server.incidents.bundle import write_incident_json, write_unreachable_meta
 from hangwatch.server.incidents.collection import Collection
 from hangwatch.server.incidents.store import IncidentStore
-from hangwatch.server.incidents.triggers import fmt_ranks
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.commands import Command
 from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.formats import MissingReason
+from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server.incidents.manager")
@@ -104,7 +104,7 @@ def full_dump_commands(
             cmd = Command(
                 kind=pb.COMMAND_KIND_UPLOAD_FULL,
                 incident_id=inc.incident_id,
-                reason=f"full FR history of lagging rank(s) {fmt_ranks(list(mine))}",
+                reason=f"full FR history of lagging rank(s) {format_ranks(list(mine))}",
                 deadline_s=expires - now,
                 expires=expires,
                 ranks=mine,
@@ -132,7 +132,7 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
                 kind="agent-unreachable",
                 ranks=missing,
                 detail=(
-                    f"no dump could be collected from ranks {fmt_ranks(missing)} "
+                    f"no dump could be collected from ranks {format_ranks(missing)} "
                     f"({'; '.join(reasons)[:500]}); they are unobserved"
                 ),
             )
@@ -140,9 +140,9 @@ def mark_unobserved(report: Report, unreachable: dict[int, str]) -> Report:
     innocent = [r for r in unobserved if r not in blamed]
     seen = {codes[r] for r in unobserved}
     why = ", ".join(code for code in MissingReason if code in seen)
-    note = f"Ranks {fmt_ranks(unobserved)} were unobserved ({why})"
+    note = f"Ranks {format_ranks(unobserved)} were unobserved ({why})"
     if innocent and len(innocent) < len(unobserved):
-        note += f"; ranks {fmt_ranks(innocent)} are not blamed"
+        note += f"; ranks {format_ranks(innocent)} are not blamed"
     elif innocent:
         note += " and are not blamed"
     report.summary = f"{report.summary.rstrip()} {note}.".strip()

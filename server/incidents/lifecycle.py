@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hangwatch.server.incidents.store import OPEN_STATUSES, IncidentStatus, IncidentStore
-from hangwatch.server.incidents.triggers import fmt_ranks
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.formats import JobStopped, TriggerKind
+from hangwatch.rankspec import format_ranks
 
 log = logging.getLogger("hangwatch.server.incidents.manager")
 
@@ -84,7 +84,7 @@ def resolve(w: Watch, *, store: IncidentStore, registry: JobRegistry, metrics: M
     stall_s = max(0.0, w.resumed_at - w.onset)
     reason = f"progress resumed {stall_s:.1f}s after the stall began"
     if late:
-        reason += f"; late: ranks {fmt_ranks(late)}"
+        reason += f"; late: ranks {format_ranks(late)}"
     closed_at = time.time() - max(0.0, registry.now() - w.resumed_at)
     store.resolve_incident(
         w.incident_id, stall_s=stall_s, late_ranks=late, reason=reason, closed_at=closed_at

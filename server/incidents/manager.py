@@ -44,7 +44,6 @@ from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
 from hangwatch.server.incidents.triggers import (
     Trigger,
     event_trigger,
-    fmt_ranks,
     quiet_trigger,
     stall_trigger,
     stored_incident_for,
@@ -55,6 +54,7 @@ from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
+from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
 log = logging.getLogger(__name__)
@@ -412,7 +412,7 @@ class IncidentManager:
             log.info(
                 "incident %s: asked for the full FR dumps of %s",
                 inc.incident_id,
-                fmt_ranks(set(report.lagging_ranks)),
+                format_ranks(set(report.lagging_ranks)),
             )
 
     # ---- restart recovery -------------------------------------------------------------

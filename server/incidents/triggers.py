@@ -51,11 +51,6 @@ class Trigger:
     info: dict[str, Any] = field(default_factory=dict)  # incident.json's "trigger"
 
 
-def fmt_ranks(ranks: list[int] | set[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5": incidents can name hundreds of ranks."""
-    return format_ranks(ranks)
-
-
 CRASH_MARK: Final = "uncaught exception: "
 
 
@@ -123,20 +118,20 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     op = f" ({first.op})" if first.op and not first.ops_entered else ""
     reason = (
         f"group {first.group} stalled at seq {first.seq}{op}: "
-        f"ranks {fmt_ranks(first.waiting_ranks)} waiting"
+        f"ranks {format_ranks(first.waiting_ranks)} waiting"
     )
     if first.not_entered_ranks:
-        reason += f", ranks {fmt_ranks(first.not_entered_ranks)} not entered"
+        reason += f", ranks {format_ranks(first.not_entered_ranks)} not entered"
     if first.kind == StallKind.MISMATCH:
         reason += ", but members entered different ops at that seq"
         if first.ops_entered:
             # The analyzer's op-mismatch finding words it the same way.
             ops = sorted(first.ops_entered.items())
-            reason += ": " + ", ".join(f"{o} on {fmt_ranks(r)}" for o, r in ops)
+            reason += ": " + ", ".join(f"{o} on {format_ranks(r)}" for o, r in ops)
     if first.dead_ranks:
-        reason += f", ranks {fmt_ranks(first.dead_ranks)} stopped or gone"
+        reason += f", ranks {format_ranks(first.dead_ranks)} stopped or gone"
     if first.unobserved_ranks:
-        reason += f", ranks {fmt_ranks(first.unobserved_ranks)} unobserved"
+        reason += f", ranks {format_ranks(first.unobserved_ranks)} unobserved"
     reason += f"; no progress for {first.stalled_for_s:.1f}s"
     return Trigger(
         kind=kind,
@@ -178,7 +173,7 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
     stacks every rank's dump carries."""
     reason = (
         f"no progress for {quiet.quiet_for_s:.1f}s on any rank "
-        f"(ranks {fmt_ranks(quiet.ranks)} alive, none in a collective): "
+        f"(ranks {format_ranks(quiet.ranks)} alive, none in a collective): "
         "FR cannot see this hang; diagnosing from the stacks"
     )
     return Trigger(

@@ -3,17 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterable
-
-from hangwatch.rankspec import format_ranks
-
-
-def rank_ranges(ranks: Iterable[int], *, limit: int = 0) -> str:
-    """`[0, 1, 2, 3, 7, 9, 10]` -> `"0-3, 7, 9-10"`; readable at thousands of ranks.
-
-    `limit` > 0 caps the number of ranges shown and says how many ranks were left out.
-    """
-    return format_ranks(ranks, sep=", ", limit=limit)
 
 
 def when(unix: float | None) -> str:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import jinja2
 from hangwatch.analyzer.text import collective_text, group_desc, seq_text
-from hangwatch.server.web.fmt import age, rank_ranges, when
+from hangwatch.server.web.fmt import age, when
 
 from hangwatch import __version__
+from hangwatch.rankspec import format_ranks
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -22,7 +23,7 @@ STATIC = HERE / "static"
 
 
 def _ranks(ranks: list[int] | tuple[int, ...] | None, limit: int = 0) -> str:
-    return rank_ranges(ranks or [], limit=limit)
+    return format_ranks(ranks or [], limit=limit)
 
 
 @functools.cache

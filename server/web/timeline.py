@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from hangwatch.analyzer.report import GroupProgress, Report, StalledCollective
 from hangwatch.analyzer.text import group_desc, group_sort_key
-from hangwatch.server.web.fmt import rank_ranges
 from markupsafe import Markup, escape
+
+from hangwatch.rankspec import format_ranks
 
 LABEL_W = 190
 PLOT_W = 720
@@ -181,11 +182,11 @@ def _render(
         who = (
             f"rank {ln.ranks[0]}"
             if len(ln.ranks) == 1
-            else (f"ranks {rank_ranges(ln.ranks, limit=2)} ({len(ln.ranks)})")
+            else (f"ranks {format_ranks(ln.ranks, limit=2)} ({len(ln.ranks)})")
         )
         words = lane_text(ln)
         cls = "tl-lane tl-lagging" if ln.lagging else "tl-lane"
-        parts.append(f'<g class="{cls}" data-ranks="{escape(rank_ranges(ln.ranks))}">')
+        parts.append(f'<g class="{cls}" data-ranks="{escape(format_ranks(ln.ranks, limit=0))}">')
         parts.append(f"<title>{escape(lane_title(who, ln, stalled))}</title>")
         parts.append(f'<text class="tl-who" x="{PAD}" y="{y + 4:.1f}">{escape(who)}</text>')
         end = ln.completed

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from hangwatch.analyzer.graph import rank_terminals
 from hangwatch.analyzer.report import Report, WaitEdge
-from hangwatch.server.web.fmt import rank_ranges
 from markupsafe import Markup, escape
+
+from hangwatch.rankspec import format_ranks
 
 BOX_W = 170
 BOX_H = 36
@@ -52,7 +53,7 @@ class Node:
     def label(self) -> str:
         if len(self.ranks) == 1:
             return f"rank {self.ranks[0]}"
-        return f"ranks {rank_ranges(self.ranks, limit=2)} ({len(self.ranks)})"
+        return f"ranks {format_ranks(self.ranks, limit=2)} ({len(self.ranks)})"
 
 
 @dataclass(kw_only=True)
@@ -324,9 +325,9 @@ def render_svg(graph: WaitGraph) -> Markup:
                 f'text-anchor="middle">{label}</text></g>'
             )
     for n in graph.nodes:
-        tip = f"{n.label}: {n.kind}; ranks {rank_ranges(n.ranks)}"
+        tip = f"{n.label}: {n.kind}; ranks {format_ranks(n.ranks, limit=0)}"
         parts.append(
-            f'<g class="wf-node wf-{n.kind}" data-ranks="{escape(rank_ranges(n.ranks))}">'
+            f'<g class="wf-node wf-{n.kind}" data-ranks="{escape(format_ranks(n.ranks, limit=0))}">'
             f"<title>{escape(tip)}</title>"
             f'<rect x="{_f(n.x)}" y="{_f(n.y)}" width="{_f(bw)}" height="{BOX_H}" rx="6"/>'
             f'<text x="{_f(n.x + bw / 2)}" y="{_f(n.y + BOX_H / 2 + 5)}" '

@@ -16,7 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 from fr_dumps import SimJob
-from hangwatch.analyzer import parse
+from hangwatch.analyzer.coded import Coded, encode, marshal_keys, only_str, str_or, tuple_keys
+from hangwatch.analyzer.decode import group_columns
+from hangwatch.analyzer.fields import dtypes_norm, fast_int_column, sizes_str
+from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.sniff import DumpFormatError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +44,7 @@ _dtypes = st.one_of(
 _strings = st.one_of(st.sampled_from(["scheduled", "started", "completed"]), st.none(), _atom)
 
 
-def _check(c: parse.Coded, expect: list[str]) -> None:
+def _check(c: Coded, expect: list[str]) -> None:
     assert c.strings() == expect
     assert c.cats == list(dict.fromkeys(expect))  # distinct, in order of first appearance
     assert [expect.index(s) for s in c.cats] == c.reps.tolist()
@@ -49,28 +53,28 @@ def _check(c: parse.Coded, expect: list[str]) -> None:
 @FAST
 @given(st.lists(_sizes, max_size=30))
 def test_sizes_by_distinct_value_equal_per_value(values: list[Any]) -> None:
-    c = parse._coded(values, parse._sizes_str, types=frozenset({list}), keys=parse._marshal_keys)
-    _check(c, [parse._sizes_str(v) for v in values])
+    c = encode(values, sizes_str, types=frozenset({list}), keys=marshal_keys)
+    _check(c, [sizes_str(v) for v in values])
 
 
 @FAST
 @given(st.lists(_dtypes, max_size=30))
 def test_dtypes_by_distinct_value_equal_per_value(values: list[Any]) -> None:
-    c = parse._coded(
+    c = encode(
         values,
-        parse._dtypes_norm,
+        dtypes_norm,
         types=frozenset({list}),
-        keys=parse._tuple_keys,
-        exact=parse._only_str,
+        keys=tuple_keys,
+        exact=only_str,
     )
-    _check(c, [parse._dtypes_norm(v) for v in values])
+    _check(c, [dtypes_norm(v) for v in values])
 
 
 @FAST
 @given(st.lists(_strings, max_size=30))
 def test_strings_by_distinct_value_equal_per_value(values: list[Any]) -> None:
-    norm = parse._str_or("scheduled")
-    _check(parse._coded(values, norm, types=frozenset({str})), [norm(v) for v in values])
+    norm = str_or("scheduled")
+    _check(encode(values, norm, types=frozenset({str})), [norm(v) for v in values])
 
 
 @FAST
@@ -89,10 +93,10 @@ def test_strings_by_distinct_value_equal_per_value(values: list[Any]) -> None:
 def test_process_groups_by_distinct_value_equal_per_value(pgs: list[Any]) -> None:
     pg_ids = [0] * len(pgs)
     if not all(isinstance(p, list | tuple) and len(p) >= 1 for p in pgs):
-        with pytest.raises(parse.DumpFormatError, match="no usable process_group"):
-            parse._groups(pgs, pg_ids)
+        with pytest.raises(DumpFormatError, match="no usable process_group"):
+            group_columns(pgs, pg_ids)
         return
-    g, d = parse._groups(pgs, pg_ids)
+    g, d = group_columns(pgs, pg_ids)
     _check(g, [str(p[0]) for p in pgs])
     _check(d, [str(p[1]) if len(p) > 1 and p[1] is not None else "" for p in pgs])
 
@@ -100,7 +104,7 @@ def test_process_groups_by_distinct_value_equal_per_value(pgs: list[Any]) -> Non
 @FAST
 @given(st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.none()), max_size=20))
 def test_int_columns_fill_none(values: list[int | None]) -> None:
-    got = parse._fast_int_column(tuple(values), 7, "x")
+    got = fast_int_column(tuple(values), 7, "x")
     assert got.dtype == np.int64
     assert got.tolist() == [7 if v is None else v for v in values]
 
@@ -115,7 +119,7 @@ def _job() -> SimJob:
 
 
 def _entries(data: bytes) -> list[dict[str, Any]]:
-    out = parse.parse_dump_bytes(data)["entries"]
+    out = parse_dump_bytes(data)["entries"]
     for e in out:  # NaN != NaN; absent durations must still compare equal
         e["duration_ms"] = None if math.isnan(e["duration_ms"]) else e["duration_ms"]
     return out
