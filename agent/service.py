@@ -38,7 +38,7 @@ from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import ABORT, Config
-from hangwatch.wire import pb
+from hangwatch.wire import event_kind_name, pb
 
 log = logging.getLogger("hangwatch.agent")
 
@@ -169,7 +169,7 @@ class Agent:
         return res
 
     def _event(self, kind: int, rank: int, detail: str, at: float) -> None:
-        log.info("event %s rank %d: %s", pb.EventKind.Name(kind), rank, detail)  # type: ignore[arg-type]
+        log.info("event %s rank %d: %s", event_kind_name(kind), rank, detail)
         self.events.put(_QueuedEvent(kind, rank, detail, at))
 
     def _discover(self, now: float) -> None:

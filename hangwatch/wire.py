@@ -35,3 +35,12 @@ COLLECTIVES_UNKNOWN: Final = -2
 def process_state_name(value: int) -> str:
     """A pb.ProcessState as meta.json, the API and the dashboard name it."""
     return _PROCESS_STATE_NAMES.get(value, "unknown")
+
+
+def event_kind_name(value: int) -> str:
+    """A pb.EventKind's name; a kind this build does not know (a newer agent's)
+    reads EVENT_KIND_<number> instead of raising where it is logged or shown."""
+    try:
+        return pb.EventKind.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        return f"EVENT_KIND_{value}"

@@ -19,7 +19,7 @@ from hangwatch.server.live.views import StalledGroup
 from hangwatch import formats
 from hangwatch.formats import IncidentDoc, RankMeta, StallKind, TriggerKind
 from hangwatch.rankspec import format_ranks
-from hangwatch.wire import pb
+from hangwatch.wire import event_kind_name, pb
 
 # Events that open an incident at once. A rank exiting is not one of them:
 # at a normal job end ranks exit while their peers' last reports still show
@@ -70,7 +70,7 @@ def crash_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger:
         keys=[key] if key else [],
         info={
             "kind": TriggerKind.CRASH,
-            "event": pb.EventKind.Name(ev.kind),
+            "event": event_kind_name(ev.kind),
             "rank": ev.rank,
             "how": how,
             "exception": exc[:2000],
@@ -89,7 +89,7 @@ def event_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger | None:
     # The event names no collective; what the job is inside now is the best
     # guess at which one it is about, and keeps later symptoms of it joined.
     key = registry.in_flight_key(ev.job_id)
-    what = pb.EventKind.Name(ev.kind).removeprefix("EVENT_KIND_").lower().replace("_", " ")
+    what = event_kind_name(ev.kind).removeprefix("EVENT_KIND_").lower().replace("_", " ")
     reason = f"{what} on rank {ev.rank}" if ev.rank >= 0 else what
     if ev.detail:
         reason += f": {ev.detail[:300]}"
@@ -100,7 +100,7 @@ def event_trigger(ev: pb.Event, registry: JobRegistry) -> Trigger | None:
         keys=[key] if key else [],
         info={
             "kind": kind,
-            "event": pb.EventKind.Name(ev.kind),
+            "event": event_kind_name(ev.kind),
             "rank": ev.rank,
             "detail": ev.detail[:2000],
         },

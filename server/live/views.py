@@ -19,7 +19,7 @@ from hangwatch.server.live.records import (
 )
 
 from hangwatch.formats import JobStopped, StallKind
-from hangwatch.wire import EXITED_PROCESS_STATES, pb
+from hangwatch.wire import EXITED_PROCESS_STATES, event_kind_name
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -147,7 +147,7 @@ def job_snapshot(job: JobRecord, now: float, stalled: list[StalledGroup]) -> Job
         open_incident=job.open_incident,
         events=[
             JobEvent(
-                kind=pb.EventKind.Name(ev.kind),
+                kind=event_kind_name(ev.kind),
                 rank=ev.rank,
                 detail=ev.detail,
                 agent_id=ev.agent_id,

@@ -32,7 +32,8 @@ from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]), int(sys.argv[3])))
 sys.path.insert(0, sys.argv[1])
 kind, work = sys.argv[2], Path(sys.argv[4])
-from hangwatch.analyzer.parse import DumpFormatError, parse_dump_bytes
+from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.sniff import DumpFormatError
 import fuzz_loader, fuzz_bundle
 out = {}
 for p in sorted(Path(sys.argv[5]).iterdir()):
