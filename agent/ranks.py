@@ -21,7 +21,7 @@ from typing import Any
 
 from hangwatch.agent import endpoint
 from hangwatch.agent.numbering import Numbering, raw_key
-from hangwatch.agent.procstate import process_state
+from hangwatch.agent.procstate import process_sample
 
 from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
@@ -114,6 +114,7 @@ class RankTracker:
     retired_seq: dict[str, int] = field(default_factory=dict)
     # Wall clock (ns) of the last status read: the instant the straggler signal compares.
     status_wall_ns: int = 0
+    cpu_time_ns: int = 0  # the process's CPU time at the last poll (0 = unknown)
 
     def __post_init__(self) -> None:
         self.apply_info(self.info)
@@ -329,6 +330,7 @@ class RankTracker:
             groups=groups,
             fr_age_s=fr_age,
             status_at_ns=self.status_wall_ns,
+            cpu_time_ns=self.cpu_time_ns,
         )
 
     # --- entries ----------------------------------------------------------
@@ -414,7 +416,7 @@ class PollResult:
 def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     """One poll of one rank. Never raises for an unreachable or dead rank."""
     out = PollResult()
-    state = process_state(t.pid, t.info.proc_starttime)
+    state, t.cpu_time_ns = process_sample(t.pid, t.info.proc_starttime)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):
         t.state = state
         if not t.exited_reported:

@@ -171,11 +171,20 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
     nothing to say (gloo records no send/recv; a rank stuck in Python before
     its next collective moves no counter), so the verdict must come from the
     stacks every rank's dump carries."""
-    reason = (
-        f"no progress for {quiet.quiet_for_s:.1f}s on any rank "
-        f"(ranks {format_ranks(quiet.ranks)} alive, none in a collective): "
-        "FR cannot see this hang; diagnosing from the stacks"
-    )
+    if quiet.rule == "bound":
+        busy = f", ranks {format_ranks(quiet.busy_ranks)} busy" if quiet.busy_ranks else ""
+        who = f"ranks {format_ranks(quiet.idle_ranks)} idle{busy}"
+        reason = (
+            f"no progress for {quiet.quiet_for_s:.1f}s on any rank, past the "
+            f"{quiet.threshold_s:.0f}s bound ({who}, none in a collective): "
+            "FR cannot see this hang; diagnosing from the stacks"
+        )
+    else:
+        reason = (
+            f"no progress for {quiet.quiet_for_s:.1f}s on any rank "
+            f"(ranks {format_ranks(quiet.ranks)} alive, none in a collective): "
+            "FR cannot see this hang; diagnosing from the stacks"
+        )
     return Trigger(
         kind=NO_PROGRESS,
         reason=reason,
@@ -188,6 +197,9 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
             "moves_before": quiet.moves,
             "longest_gap_s": round(quiet.longest_gap_s, 3),
             "ranks": quiet.ranks,
+            "rule": quiet.rule,
+            "idle_ranks": quiet.idle_ranks,
+            "busy_ranks": quiet.busy_ranks,
         },
     )
 

@@ -120,18 +120,41 @@ def find_group_stall(
 # Gloo records no send/recv, and a rank stuck in Python before its next
 # collective leaves every counter where it was: no group ever shows a member
 # in flight, so `find_group_stall` sees nothing. What is left is the job as a
-# whole going quiet. That is only a symptom when the job was making steady
-# progress: its counters moved at STEADY_MOVES moments at least
-# MOVE_SPACING_S apart (a rank's first numbers are its baseline, not a move), and the quiet period outlasts
-# both the stall timeout and QUIET_GAP_FACTOR times the longest gap between
-# two moves since it became steady (a job with a long periodic pause, an
-# evaluation or a checkpoint, is not paged for its own rhythm once it has
-# shown it; its start-up, before it was steady, sets no rhythm).
+# whole going quiet. Two rules read it:
+#
+# * the rhythm rule, for a job that was making steady progress: its counters
+#   moved at STEADY_MOVES moments at least MOVE_SPACING_S apart (a rank's
+#   first numbers are its baseline, not a move), and the quiet period outlasts
+#   both the stall timeout and QUIET_GAP_FACTOR times the longest gap between
+#   two moves since it became steady (a job with a long periodic pause, an
+#   evaluation or a checkpoint, is not paged for its own rhythm once it has
+#   shown it; its start-up, before it was steady, sets no rhythm);
+# * the bound, for every job however early or however long its rhythm: quiet
+#   for `quiet_bound` (the longer of the start-up grace and QUIET_BOUND_FACTOR
+#   stall timeouts) with at least one live rank idle. A job that is working
+#   (every rank busy on a CPU: a torch.compile, a checkpoint being serialized,
+#   an evaluation) is not hung, however long it works; a hang has somebody
+#   blocked, and blocked ranks burn no CPU. Where a rank's CPU is unknown (an
+#   agent older than the field) it counts as idle: the bound is a promise, and
+#   only evidence of work suspends it.
 
 STEADY_MOVES: Final = 5
 # Moves closer together than this are one: every node reports the same step.
 MOVE_SPACING_S: Final = 0.2
 QUIET_GAP_FACTOR: Final = 2.0
+# The bound is this many stall timeouts (or the start-up grace, if longer):
+# 3x leaves a job whose step is under a stall timeout two whole steps of
+# slack, and keeps an early hang under a minute at the default 10 s timeout.
+QUIET_BOUND_FACTOR: Final = 3.0
+# A rank using at least this much of a core is working, not blocked: a thread
+# waiting in gloo or on a lock uses well under 1%; the Python interpreter doing
+# anything at all (compiling, pickling, a Python loop) uses most of one.
+BUSY_CORES: Final = 0.25
+
+
+def quiet_bound(stall_timeout: float, startup_grace: float) -> float:
+    """The longest any hang may go without an incident (docs/operations.md)."""
+    return max(startup_grace, QUIET_BOUND_FACTOR * stall_timeout)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -140,6 +163,12 @@ class QuietRank:
     observed: bool = True
     process_state: str = "running"
     in_flight: bool = False  # inside a collective of some group, as far as its numbers tell
+    # CPU cores it used lately (records.CpuWindow); None = unknown.
+    cores: float | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.cores is not None and self.cores >= BUSY_CORES
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -151,6 +180,11 @@ class JobQuiet:
     moves: int  # reports that moved a counter before it went quiet
     longest_gap_s: float  # the longest gap between two of them
     ranks: list[int]
+    # "rhythm": a steady job went quiet past its own rhythm; "bound": any job
+    # quiet past quiet_bound with someone idle (early hangs, long rhythms).
+    rule: str = "rhythm"
+    idle_ranks: list[int] = field(default_factory=list)  # under BUSY_CORES, or unknown
+    busy_ranks: list[int] = field(default_factory=list)
 
 
 def quiet_threshold(stall_timeout: float, longest_gap_s: float) -> float:
@@ -164,23 +198,34 @@ def find_job_quiet(
     longest_gap_s: float,
     quiet_for_s: float,
     stall_timeout: float,
+    bound_s: float | None = None,
 ) -> JobQuiet | None:
     """The no-progress pattern over a whole job, or None. Unlike a group stall
-    it is returned only once over its threshold: there is nothing to watch grow."""
-    if moves < STEADY_MOVES or not ranks:
+    it is returned only once over its threshold: there is nothing to watch grow.
+    `bound_s` None leaves only the rhythm rule."""
+    if not ranks:
         return None
-    threshold = quiet_threshold(stall_timeout, longest_gap_s)
-    if quiet_for_s < threshold:
+    rhythm = quiet_threshold(stall_timeout, longest_gap_s)
+    by_rhythm = moves >= STEADY_MOVES and quiet_for_s >= rhythm
+    by_bound = bound_s is not None and quiet_for_s >= bound_s
+    if not (by_rhythm or by_bound):
         return None
     # A lost agent, a dead rank or a collective in flight is another rule's
     # (the group stall, rank-lost, agent-lost, crash): this one is for the rest.
     for r in ranks:
         if not r.observed or r.process_state in EXITED_STATES or r.in_flight:
             return None
+    idle = sorted(r.rank for r in ranks if not r.busy)
+    busy = sorted(r.rank for r in ranks if r.busy)
+    if not by_rhythm and not idle:
+        return None  # every rank is working: a compile, a checkpoint, not a hang
     return JobQuiet(
         quiet_for_s=quiet_for_s,
-        threshold_s=threshold,
+        threshold_s=rhythm if by_rhythm else float(bound_s or 0.0),
         moves=moves,
         longest_gap_s=longest_gap_s,
         ranks=sorted(r.rank for r in ranks),
+        rule="rhythm" if by_rhythm else "bound",
+        idle_ranks=idle,
+        busy_ranks=busy,
     )

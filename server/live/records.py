@@ -45,6 +45,44 @@ class RankGroupRecord:
 
 
 @dataclass
+class CpuWindow:
+    """A rank's CPU time at two moments at least half a window apart, and now:
+    how busy it has been lately, in O(1) per rank (32,768 ranks keep 6 numbers
+    each, not a history)."""
+
+    older_t: float = 0.0
+    older_ns: int = 0
+    newer_t: float = 0.0
+    newer_ns: int = 0
+    latest_t: float = 0.0
+    latest_ns: int = 0
+
+    def note(self, now: float, cpu_ns: int, window_s: float) -> None:
+        if cpu_ns <= 0 or cpu_ns < self.latest_ns:
+            # Unknown (an older agent), or a new process behind the same rank:
+            # start over rather than read a negative rate.
+            self.older_t = self.newer_t = self.latest_t = 0.0
+            self.older_ns = self.newer_ns = self.latest_ns = 0
+            if cpu_ns <= 0:
+                return
+        if self.latest_ns == 0:
+            self.older_t = self.newer_t = now
+            self.older_ns = self.newer_ns = cpu_ns
+        elif now - self.newer_t >= window_s / 2:
+            self.older_t, self.older_ns = self.newer_t, self.newer_ns
+            self.newer_t, self.newer_ns = now, cpu_ns
+        self.latest_t, self.latest_ns = now, cpu_ns
+
+    def cores(self, min_span_s: float) -> float | None:
+        """CPU cores used on average over the last half window to window and a
+        half; None while the samples span less than `min_span_s`."""
+        span = self.latest_t - self.older_t
+        if self.latest_ns == 0 or span < max(min_span_s, 1e-3):
+            return None
+        return (self.latest_ns - self.older_ns) / 1e9 / span
+
+
+@dataclass
 class RankRecord:
     rank: int
     agent_id: str
@@ -59,6 +97,7 @@ class RankRecord:
     fr_age_s: float | None = None
     last_report: float | None = None
     groups: dict[str, RankGroupRecord] = field(default_factory=dict)
+    cpu: CpuWindow = field(default_factory=CpuWindow)
 
 
 @dataclass
@@ -98,6 +137,9 @@ class JobRecord:
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     last_seen: float = 0.0
     last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more
+    # When this run of the job was first seen (registered, or restarted with new
+    # processes): a job whose counters never move is quiet since then.
+    started: float = 0.0
     # Reports that moved a counter past a rank's first numbers, when the last
     # one arrived and the longest gap between two: whether the job was making
     # steady progress, for the no-progress rule (stalls.scan_quiet).

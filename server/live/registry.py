@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from hangwatch.server.live.commands import Command
-from hangwatch.server.live.detector import JobQuiet
+from hangwatch.server.live.detector import JobQuiet, quiet_bound
 from hangwatch.server.live.records import (
     AgentRecord,
     GroupRecord,
@@ -152,7 +152,7 @@ class JobRegistry:
             job = self._jobs.get(req.job_id)
             if job is None:
                 self._evict_if_full()
-                job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id)
+                job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id, started=now)
             job.last_seen = now
             restarted = False
             for ri in req.ranks:
@@ -164,6 +164,7 @@ class JobRegistry:
                 # same id and will reach the same (group, seq) pairs again. A
                 # stall there is a new hang, not one an earlier incident covered.
                 job.handled.clear()
+                job.started = now
             old = job.agents.get(req.agent_id)
             if old is not None:
                 self._sessions.pop(old.session_id, None)
@@ -244,6 +245,7 @@ class JobRegistry:
                 r.process_state = process_state_name(rp.state)
                 r.fr_age_s = rp.fr_age_s
                 r.last_report = now
+                r.cpu.note(now, rp.cpu_time_ns, self.stall_timeout)
                 for gp in rp.groups:
                     rg = r.groups.get(gp.group)
                     g = job.groups.get(gp.group)
@@ -352,6 +354,11 @@ class JobRegistry:
                 job, self._clock(), self.stall_timeout, over_timeout_only, self.startup_grace
             )
 
+    @property
+    def quiet_bound_s(self) -> float:
+        """The most any hang may stay silent (detector.quiet_bound)."""
+        return quiet_bound(self.stall_timeout, self.startup_grace)
+
     def quiet(self, job_id: str) -> JobQuiet | None:
         """The job stopped making progress with no collective in flight, past
         its threshold (detector.find_job_quiet), or None."""
@@ -359,7 +366,7 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            return scan_quiet(job, self._clock(), self.stall_timeout)
+            return scan_quiet(job, self._clock(), self.stall_timeout, self.quiet_bound_s)
 
     def in_flight_key(self, job_id: str) -> tuple[str, int] | None:
         """The oldest (group, seq) any observed rank of the job is inside, if any."""

@@ -108,10 +108,16 @@ def assumed_completed(
     return lo if hi > lo else lo - 1
 
 
-def scan_quiet(job: JobRecord, now: float, stall_timeout: float) -> JobQuiet | None:
+def scan_quiet(
+    job: JobRecord, now: float, stall_timeout: float, bound_s: float | None = None
+) -> JobQuiet | None:
     """The whole job gone quiet with no collective in flight (the detector's
     `find_job_quiet`), or None. Cheap when the job moved recently."""
-    if job.progress_moves == 0 or now - job.last_progress < stall_timeout:
+    # Quiet since its last progress, or since it started if it never made any
+    # (a pure-p2p gloo job moves no counter at all).
+    quiet_for = now - max(job.last_progress, job.started)
+    soonest = stall_timeout if bound_s is None else min(stall_timeout, bound_s)
+    if quiet_for < soonest or (job.progress_moves == 0 and bound_s is None):
         return None
     in_flight: set[int] = set()
     for g in job.groups.values():
@@ -127,6 +133,7 @@ def scan_quiet(job: JobRecord, now: float, stall_timeout: float) -> JobQuiet | N
             observed=job.observed(r),
             process_state=r.process_state,
             in_flight=r.rank in in_flight,
+            cores=r.cpu.cores(min_span_s=stall_timeout / 2),
         )
         for r in job.ranks.values()
     ]
@@ -134,6 +141,7 @@ def scan_quiet(job: JobRecord, now: float, stall_timeout: float) -> JobQuiet | N
         ranks=ranks,
         moves=job.progress_moves,
         longest_gap_s=job.longest_gap_s,
-        quiet_for_s=now - job.last_progress,
+        quiet_for_s=quiet_for,
         stall_timeout=stall_timeout,
+        bound_s=bound_s,
     )

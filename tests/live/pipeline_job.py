@@ -13,6 +13,8 @@ Started under `torchrun`. Environment:
   PIPE_STALL_FOR     how long it stalls (default: forever)
   PIPE_STALL_HOW     "sleep" (time.sleep) or "spin" (pure-Python compute)
   PIPE_MARK_DIR      where the stalling rank writes `stalled` (unix time of the stall)
+  PIPE_WARMUP_S      seconds every stage computes before its first step, no
+                     collective in between (a torch.compile; default 0)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> int:
     how = os.environ.get("PIPE_STALL_HOW", "sleep")
     torch.manual_seed(rank)
     w = torch.randn(WIDTH, WIDTH) / WIDTH
+    stall("spin", float(os.environ.get("PIPE_WARMUP_S", "0")))
     start = time.monotonic()
     stalled = False
     for step in range(steps):

@@ -61,11 +61,13 @@ def _kill(job: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def _watched(
-    tmp: Path, job_id: str, **plan: str
+    tmp: Path, job_id: str, server_args: tuple[str, ...] = (), **plan: str
 ) -> Iterator[tuple[CoordinatorProc, AgentProc, subprocess.Popen[bytes]]]:
     """A coordinator, one agent on `<tmp>/run` and the pipeline job with `plan`, all started;
     the job killed and the agent and coordinator stopped on exit."""
-    with CoordinatorProc(tmp / "data", stall_timeout=STALL_TIMEOUT) as coord:
+    with CoordinatorProc(
+        tmp / "data", stall_timeout=STALL_TIMEOUT, extra_args=server_args
+    ) as coord:
         agent = AgentProc(
             coordinator=coord.grpc, run_dir=tmp / "run", job_id=job_id, node_id="n0",
             log_path=tmp / "agent.log",
@@ -117,6 +119,40 @@ def test_a_stalled_pipeline_stage_is_named_from_its_stack(
         # Named within the stall timeout plus 10 s of the stall (wall clock, one host).
         assert inc["created"] - t0 <= STALL_TIMEOUT + 10, (inc["created"], t0)
         assert inc["updated"] - t0 <= STALL_TIMEOUT + 10, (inc["updated"], t0)
+        agent.check()
+
+
+@pytest.mark.timeout(120)
+def test_an_early_hang_is_named_within_the_bound(tmp_path: Path) -> None:
+    """The middle stage blocks in its very first step, before any collective: no
+    counter ever moves, so only the bound (the longer of the start-up grace and
+    3 stall timeouts) can open the incident, from the first sight of the job."""
+    job_id = "pipe-early"
+    grace = 6.0
+    bound = max(grace, 3 * STALL_TIMEOUT)
+    args = ("--startup-grace", str(grace))
+    with _watched(tmp_path, job_id, args, stall_after="0", stall_how="sleep") as (coord, agent, _):
+        t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+        inc = wait_for(lambda: _analysed(coord, job_id), bound + 30, "the incident")
+        _check_middle_stage_named(inc, "sleeping")
+        assert f"past the {bound:.0f}s bound" in inc["reason"], inc["reason"]
+        # The quiet clock starts when the coordinator first sees the job, a little
+        # before the stall: within the bound plus 10 s of the stall (one host's clock).
+        assert inc["created"] - t0 <= bound + 10, (inc["created"], t0)
+        agent.check()
+
+
+@pytest.mark.timeout(120)
+def test_a_long_warm_up_on_every_rank_is_work_not_a_hang(tmp_path: Path) -> None:
+    """Every stage computes for 15 s before its first step (as under torch.compile):
+    quiet counters past the 9 s bound, but every rank busy on a CPU, which the
+    agent reads from /proc and the coordinator weighs. No incident; the job ends."""
+    job_id = "pipe-warmup"
+    args = ("--startup-grace", "6")
+    plan = {"warmup_s": "15", "steps": "40", "step_s": "0.02"}
+    with _watched(tmp_path, job_id, args, **plan) as (coord, agent, job):
+        assert job.wait(90) == 0, (tmp_path / "job.log").read_text()[-3000:]
+        assert coord.api(f"/api/incidents?job={job_id}") == []
         agent.check()
 
 

@@ -92,14 +92,23 @@ class Node:
         self.seq = 0
         return self.session
 
-    def report(self, seqs: dict[int, tuple[int, int]], *, group: str = "0") -> None:
-        """seqs: rank -> (last_enqueued, last_completed) in `group`."""
+    def report(
+        self,
+        seqs: dict[int, tuple[int, int]],
+        *,
+        group: str = "0",
+        cpu_ns: dict[int, int] | None = None,
+    ) -> None:
+        """seqs: rank -> (last_enqueued, last_completed) in `group`; cpu_ns: rank ->
+        its process's CPU time so far (absent: unknown, as from an older agent)."""
         ranks = []
         for r, (enq, comp) in seqs.items():
             gp = pb.GroupProgress(group=group, last_enqueued=enq, last_completed=comp)
             if enq > comp:
                 gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=comp + 1, op="all_reduce"))
-            ranks.append(pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp]))
+            rp = pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
+            rp.cpu_time_ns = (cpu_ns or {}).get(r, 0)
+            ranks.append(rp)
         self._send(ranks)
 
     def enter(self, enqueued: dict[int, int], *, group: str = "0") -> None:

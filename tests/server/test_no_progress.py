@@ -8,7 +8,14 @@ harness (agents played by feeding real protobuf messages to the registry).
 from __future__ import annotations
 
 import pytest
-from hangwatch.server.live.detector import STEADY_MOVES, JobQuiet, QuietRank, find_job_quiet
+from hangwatch.server.live.detector import (
+    BUSY_CORES,
+    STEADY_MOVES,
+    JobQuiet,
+    QuietRank,
+    find_job_quiet,
+    quiet_bound,
+)
 
 from hangwatch.wire import pb
 
@@ -67,25 +74,84 @@ def test_a_steady_job_that_stops_outside_any_collective_opens_one_incident(env: 
     assert env.metrics.counter("hangwatch_incidents_opened_total", {"trigger": "no-progress"}) == 1
 
 
+BOUND = quiet_bound(STALL, 0.0)  # the env's registry: no start-up grace
+
+
 @pytest.mark.timeout(20)
-def test_a_job_whose_counters_never_moved_is_not_paged(env: Env) -> None:
-    # Registered at seq 0 and again at seq 40 (a job found mid-run): baselines, not moves.
+def test_a_job_whose_counters_never_moved_is_paged_at_the_bound_not_before(env: Env) -> None:
+    """An early hang (a pipeline stage stuck in its first forward, a pure-p2p job):
+    no counter ever moves, so the rhythm rule never arms; the bound still holds."""
+    env.a.report({0: (0, 0), 1: (0, 0)})  # baselines, not moves
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _quiet_for(env, BOUND - 1, 0)
+    assert env.store.list_incidents() == []
+    _quiet_for(env, 1, 0)
+    row = env.only_incident()
+    assert row.trigger == "no-progress"
+    # Nobody's CPU is known (these reports carry none): all count as idle.
+    assert row.reason == (
+        f"no progress for {BOUND:.1f}s on any rank, past the {BOUND:.0f}s bound "
+        "(ranks 0-3 idle, none in a collective): FR cannot see this hang; diagnosing from the stacks"
+    )
+
+
+def _working(env: Env, seconds: int, seq: int, busy: set[int], cores: float = 1.0) -> None:
+    """Heartbeats with the same numbers; `busy` ranks burn `cores` of CPU meanwhile."""
+    for _ in range(seconds):
+        env.clock.advance(1.0)
+        env.cpu_s = getattr(env, "cpu_s", 0.0) + cores
+        cpu = {r: int((1.0 + (env.cpu_s if r in busy else 0.0)) * 1e9) for r in range(4)}
+        env.a.report({0: (seq, seq), 1: (seq, seq)}, cpu_ns=cpu)
+        env.b.report({2: (seq, seq), 3: (seq, seq)}, cpu_ns=cpu)
+        env.manager.tick()
+
+
+@pytest.mark.timeout(20)
+def test_a_job_that_works_on_every_rank_is_not_paged_however_long(env: Env) -> None:
+    """A 40 s torch.compile, a checkpoint being written: counters quiet, every rank
+    on a CPU. Past the bound nothing opens; when one rank goes idle it does."""
+    everyone = {0, 1, 2, 3}
     env.a.report({0: (0, 0), 1: (0, 0)})
-    env.b.report({2: (40, 40), 3: (40, 40)})
-    _quiet_for(env, 5 * STALL, 0)
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(3 * BOUND), 0, everyone)
     assert env.store.list_incidents() == []
+    # Rank 2 blocks (its peers keep compiling): idle within a window, then paged.
+    _working(env, int(STALL), 0, everyone - {2})
+    row = env.only_incident()
+    assert "ranks 2 idle, ranks 0,1,3 busy" in row.reason, row.reason
 
 
 @pytest.mark.timeout(20)
-def test_fewer_moves_than_steady_is_not_progress_enough(env: Env) -> None:
-    # An init barrier and one more collective, then a long data load.
+def test_a_trickle_of_cpu_is_idle_not_work(env: Env) -> None:
+    """A rank blocked in gloo still wakes now and then: well under BUSY_CORES."""
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(BOUND), 0, {0, 1, 2, 3}, cores=BUSY_CORES / 5)
+    assert env.only_incident().trigger == "no-progress"
+
+
+@pytest.mark.timeout(20)
+def test_fewer_moves_than_steady_waits_for_the_bound(env: Env) -> None:
+    # An init barrier and one more collective, then a long data load: not the
+    # rhythm rule's (no rhythm yet), so only the bound can page it.
     seq = _train(env, STEADY_MOVES)  # a baseline and STEADY_MOVES - 1 moves
-    _quiet_for(env, 5 * STALL, seq)
+    _quiet_for(env, BOUND - 1, seq)
     assert env.store.list_incidents() == []
-    # Training starts: now it is steady, and a stop after that is paged.
+    _quiet_for(env, 1, seq)
+    row = env.only_incident()
+    assert row.trigger == "no-progress" and "bound" in row.reason
+
+
+@pytest.mark.timeout(20)
+def test_a_steady_job_is_paged_by_its_rhythm_before_the_bound(env: Env) -> None:
+    seq = _train(env, STEADY_MOVES)
+    _quiet_for(env, 2 * STALL, seq)  # data loading at start-up, under the bound
+    assert env.store.list_incidents() == []
+    # Training starts: now it is steady, and a stop after that is paged on the stall timeout.
     seq = _train(env, 1, start=seq)
     _quiet_for(env, STALL, seq)
-    assert env.only_incident().trigger == "no-progress"
+    row = env.only_incident()
+    assert row.trigger == "no-progress" and "bound" not in row.reason
 
 
 @pytest.mark.timeout(20)
@@ -183,3 +249,26 @@ def test_the_rule_itself() -> None:
     # A stopped rank (SIGSTOP) is still there: its peers' silence counts.
     stopped = QuietRank(rank=3, process_state="stopped")
     assert _rule(ranks=[*alive, stopped], quiet_for_s=60.0) is not None
+
+
+def test_the_bound_itself() -> None:
+    def rule(ranks: list[QuietRank], quiet_for_s: float, moves: int = 0) -> JobQuiet | None:
+        return find_job_quiet(
+            ranks=ranks,
+            moves=moves,
+            longest_gap_s=100.0,  # a rhythm far past the bound
+            quiet_for_s=quiet_for_s,
+            stall_timeout=5.0,
+            bound_s=15.0,
+        )
+
+    busy = [QuietRank(rank=r, cores=1.0) for r in range(3)]
+    idle, unknown = QuietRank(rank=3, cores=0.01), QuietRank(rank=3)
+    assert rule([*busy, idle], 14.9) is None
+    q = rule([*busy, idle], 15.0)
+    assert q is not None and (q.rule, q.idle_ranks, q.busy_ranks) == ("bound", [3], [0, 1, 2])
+    assert rule([*busy, unknown], 15.0) is not None  # unknown is not evidence of work
+    assert rule([*busy, QuietRank(rank=3, cores=BUSY_CORES)], 1000.0) is None  # all working
+    # A steady job with a long rhythm is held to the bound too.
+    assert rule([*busy, idle], 15.0, moves=STEADY_MOVES) is not None
+    assert quiet_bound(10.0, 60.0) == 60.0 and quiet_bound(30.0, 60.0) == 90.0

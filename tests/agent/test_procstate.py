@@ -1,0 +1,50 @@
+"""A rank's process state and CPU time, from one read of /proc/<pid>/stat, on real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hangwatch.agent.delta import signature
+from hangwatch.agent.procstate import process_sample
+
+from hangwatch.wire import pb
+
+SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: pass\n"
+SLEEP = "import time\ntime.sleep(30)\n"
+
+
+def _cpu_after(code: str, seconds: float) -> tuple[int, int, int]:
+    """(state, CPU ns at start, CPU ns `seconds` later) of a child running `code`."""
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.3)  # past the interpreter's start-up
+        state, first = process_sample(p.pid)
+        time.sleep(seconds)
+        _, second = process_sample(p.pid)
+        return state, first, second
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.timeout(30)
+def test_a_spinning_process_accrues_cpu_and_a_sleeping_one_does_not() -> None:
+    state, a, b = _cpu_after(SPIN, 1.0)
+    assert state == pb.PROCESS_STATE_RUNNING
+    assert a > 0 and (b - a) / 1e9 >= 0.25, (a, b)  # most of a core; 0.25 is BUSY_CORES
+    _, a, b = _cpu_after(SLEEP, 1.0)
+    assert (b - a) / 1e9 < 0.05, (a, b)
+
+
+@pytest.mark.timeout(10)
+def test_a_gone_process_has_no_cpu_and_cpu_is_not_a_change() -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert process_sample(p.pid) == (pb.PROCESS_STATE_GONE, 0)
+    # The agent sends a rank on change or heartbeat; CPU time alone is neither.
+    one = pb.RankProgress(rank=0, cpu_time_ns=1)
+    two = pb.RankProgress(rank=0, cpu_time_ns=2_000_000_000)
+    assert signature(one) == signature(two)
