@@ -217,6 +217,13 @@ def _abort_file(run_dir: str, rank: int, rec: Recorder) -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def _exit_file(run_dir: str, t: RankTracker, rec: Recorder) -> str | None:
+    """The dump of this recorder the hook wrote as the rank's process died."""
+    fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(run_dir))
+    path = os.path.join(fr_dir, formats.exit_dump_name(rec.instance, t.rank, t.pid))
+    return path if os.path.isfile(path) else None
+
+
 def _watchdog_file(t: RankTracker, run_dir: str, rank: int) -> str | None:
     """torch's own dump-on-timeout file: where the hook pointed it, or where the job did."""
     prefix = t.info.watchdog_prefix or hook_protocol.fr_dump_prefix(run_dir)
@@ -267,12 +274,21 @@ def collect_rank(
             if err:
                 fr_errors.append(f"{label}: {err}" if len(recs) > 1 else err)
         if fr_name not in files and rec is not None:
-            ab = _abort_file(run_dir, rank, rec)
-            if ab is not None:
-                with open(ab, "rb") as f:
+            # A gone rank's own last word first (as it died), else torch's abort.
+            found = [
+                (path, source)
+                for path, source in (
+                    (None if alive else _exit_file(run_dir, t, rec), FrSource.EXIT_FILE),
+                    (_abort_file(run_dir, rank, rec), FrSource.ABORT_FILE),
+                )
+                if path is not None
+            ]
+            if found:
+                path, source = found[0]
+                with open(path, "rb") as f:
                     files[fr_name] = f.read()
                 if sources["fr"] == FrSource.NONE:
-                    sources["fr"] = FrSource.ABORT_FILE
+                    sources["fr"] = source
         if fr_name in files:
             fr_names.append(fr_name)
     if not fr_names:

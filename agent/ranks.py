@@ -561,6 +561,8 @@ def read_hook_events(t: RankTracker, run_dir: str) -> list[tuple[int, int, str]]
             out.append((pb.EVENT_KIND_COLLECTIVE_TIMEOUT, ev.rank, detail))
         elif ev.kind == HookEventKind.BACKEND_ABORT:
             out.append((pb.EVENT_KIND_BACKEND_UNHEALTHY, ev.rank, detail))
+        elif ev.kind != HookEventKind.UNCAUGHT_EXCEPTION:
+            log.debug("rank %d: hook event %r not known here; ignored", t.rank, ev.kind)
         else:
             first = not t.last_exception
             t.last_exception = detail

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pandas as pd
 from hangwatch.analyzer import findings as fnd
 from hangwatch.analyzer import wording
+from hangwatch.analyzer.crash import with_crash
 from hangwatch.analyzer.evidence import group_progress, rank_evidence, stalled_for
 from hangwatch.analyzer.graph import blame_in_cycles, edges, wait_terminals
 from hangwatch.analyzer.groups import GroupMeta, build_groups
@@ -168,8 +169,8 @@ def _diagnose(
         evidence=rank_evidence(scope, sorted(d.lagging), waits, stalled),
     )
     report = with_stack_diagnosis(report, loaded.rank_meta)  # where FR sees no culprit
-    if crash is not None:
-        report.summary = f"{crash.rstrip('.')}. {report.summary.strip()}".strip()
+    if crash is not None and loaded.incident is not None:
+        report = with_crash(report, loaded.incident.trigger, crash)
     return report
 
 

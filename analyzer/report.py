@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 SCHEMA = "hangwatch.report/1"
 
-Verdict = Literal["hang", "mismatch", "healthy", "no-culprit-visible", "unknown"]
+Verdict = Literal["hang", "mismatch", "crash", "healthy", "no-culprit-visible", "unknown"]
 
 # Every verdict, with what it means (docs/operations.md is generated from this).
 VERDICTS: dict[str, str] = {
@@ -23,6 +23,11 @@ VERDICTS: dict[str, str] = {
     "Python stacks did (the odd ones out, or a p2p deadlock's cycle)",
     "mismatch": "members entered the same collective seq with a different op, sizes or dtypes: "
     "the lagging ranks are the odd ones out; the stalled collective is what the majority called",
+    "crash": "a rank died (the incident's trigger: an uncaught exception, or its process gone "
+    "with one) and the others stopped with it: the lagging rank is the first to die, its "
+    "exception is in the summary and a `rank-crashed` finding; the survivors' errors after it "
+    "are `crash-consequence`, and where their dumps were captured the summary says where they "
+    "waited",
     "healthy": "nothing stalled in the dumps: every collective in flight was entered by all of "
     "its members (named by pg_config, bundle metadata or --world-size, not only by the dumps) "
     "and nothing is unmatched (offline dumps, no stall reported)",
@@ -63,6 +68,8 @@ class FindingKind(StrEnum):
     P2P_DEADLOCK = "p2p-deadlock"
     LATE_ARRIVAL = "late-arrival"
     ENTERED_NONE_FINISHED = "entered-none-finished"
+    RANK_CRASHED = "rank-crashed"
+    CRASH_CONSEQUENCE = "crash-consequence"
 
 
 FINDING_KINDS: dict[FindingKind, str] = {
@@ -108,6 +115,10 @@ FINDING_KINDS: dict[FindingKind, str] = {
     FindingKind.ENTERED_NONE_FINISHED: "every member entered the collective together and none "
     "finished it, long before the dumps were taken: no rank is behind in FR; the fault is "
     "below it (network, GPU)",
+    FindingKind.RANK_CRASHED: "the rank died first, of the exception its hook saw (or its "
+    "process was gone): the cause the others stopped for",
+    FindingKind.CRASH_CONSEQUENCE: "an error on a survivor after a peer's crash (a closed "
+    "connection, a collective timeout, a launcher's SIGTERM): a consequence, not a cause",
 }
 
 

@@ -48,7 +48,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from hangwatch import config as config_mod
-from hangwatch import env, formats, hook_endpoint, hook_protocol, torchenv
+from hangwatch import env, formats, hook_endpoint, hook_protocol, termdump, torchenv
 from hangwatch import recorders as recorders_mod
 
 log = logging.getLogger("hangwatch.hook")
@@ -312,6 +312,9 @@ def _after_group_change() -> None:
             if st.server is None:
                 _start_endpoint(st)
             _hook_aborts(st)
+            # A process with a group is a rank: its FR is worth writing when the
+            # launcher terminates it (a launcher never creates a group).
+            termdump.install(lambda: dump_all_to_files(stacks=False, on_exit=True))
             _write_rankinfo(st)
     except Exception as e:
         msg = f"rank-info/endpoint update failed: {type(e).__name__}: {e}"
@@ -369,11 +372,13 @@ def _abort_hook_for(group: str) -> Callable[[], None]:
     return on_abort
 
 
-def dump_all_to_files() -> list[str]:
+def dump_all_to_files(*, stacks: bool = True, on_exit: bool = False) -> list[str]:
     """Write every recorder instance's pickle next to torch's dump-on-timeout file.
 
     torch's own file holds one instance; the agent fans out on any of these.
-    Never raises.
+    `stacks=False` leaves out the entries' stack traces, whose symbolization
+    imports torch's compiler stack. `on_exit`: the process is dying, named so
+    (formats.exit_dump_name). Never raises.
     """
     st = _state
     if st is None or st.owner_pid != os.getpid() or not _torch_pg_initialized():
@@ -382,9 +387,14 @@ def dump_all_to_files() -> list[str]:
     rank = int(sys.modules[_C10D].get_rank())
     fr_dir = os.path.dirname(hook_protocol.fr_dump_prefix(st.run_dir))
     for rec in st.recorders:
-        path = os.path.join(fr_dir, formats.abort_dump_name(rec.instance, rank))
+        name = (
+            formats.exit_dump_name(rec.instance, rank, os.getpid())
+            if on_exit
+            else formats.abort_dump_name(rec.instance, rank)
+        )
+        path = os.path.join(fr_dir, name)
         try:
-            formats.atomic_write(path, recorders_mod.dump_pickle(rec))
+            formats.atomic_write(path, recorders_mod.dump(rec, pickle=True, stacks=stacks))
             written.append(path)
         except Exception as e:
             log.warning("hangwatch: could not dump recorder %s: %s", rec.instance, e)
@@ -485,6 +495,11 @@ def _excepthook(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
 ) -> None:
     record_exception(exc, thread=threading.current_thread().name)
+    # The process is about to die of it: its FR says where it stopped (the
+    # crashed rank's own, and a survivor's whose collective failed when that
+    # peer went), and the agent collects a gone rank's dump from this file.
+    # Milliseconds: no stack traces.
+    dump_all_to_files(stacks=False, on_exit=True)
     prev = _prev_excepthook or sys.__excepthook__
     prev(exc_type, exc, tb)
 

@@ -115,6 +115,7 @@ class FrSource(StrEnum):
     WORKER_SERVER = "worker-server"  # torch's C++ worker server on the rank's socket
     THREAD = "thread"  # the hook's Python-thread fallback server
     ABORT_FILE = "abort-file"  # the hook's dump when torch aborted a group
+    EXIT_FILE = "exit-file"  # the hook's dump as the rank died (exception, SIGTERM)
     WATCHDOG_FILE = "watchdog-file"  # torch's own dump-on-timeout file
     DUMP_FILE = "dump-file"  # a plain dump directory, no agent
     NONE = "none"

@@ -90,6 +90,14 @@ def abort_dump_name(instance: str, rank: int) -> str:
     return f"fr_abort_{instance}_rank_{rank}"
 
 
+def exit_dump_name(instance: str, rank: int, pid: int) -> str:
+    """The hook's dump of one recorder instance as its process dies (an uncaught
+    exception, the launcher's SIGTERM), in <run_dir>/fr/. Not an `fr_` name: the
+    agent's watchdog scan must not read a dying rank's dump as torch's watchdog
+    firing; the pid keeps a restarted job's rank from reading an older attempt's."""
+    return f"hw_exit_{instance}_pid_{pid}_rank_{rank}"
+
+
 _FULL_FR_RE = re.compile(r"^fr_(?!tail_)[A-Za-z0-9_.-]*rank_\d+$")
 
 

@@ -156,7 +156,8 @@ def api_incidents(
         str | None, Query(description="Created at or before: unix seconds or ISO 8601 (UTC).")
     ] = None,
     verdict: Annotated[
-        str | None, Query(description="hang, mismatch, healthy, no-culprit-visible or unknown.")
+        str | None,
+        Query(description="hang, mismatch, crash, healthy, no-culprit-visible or unknown."),
     ] = None,
     status: Annotated[
         str | None, Query(description="collecting, analyzed, resolved, ended or failed.")

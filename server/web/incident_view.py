@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 VERDICT_TEXT = {
     "hang": "Hang",
     "mismatch": "Collective mismatch",
+    "crash": "Crash: a rank died and the job stopped with it",
     "healthy": "Healthy",
     "no-culprit-visible": "No culprit visible in the flight recorder",
     "unknown": "Unknown: the flight recorder cannot tell (see the findings)",

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from hangwatch.analyzer.report import VERDICTS
 from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
@@ -16,7 +17,6 @@ from hangwatch.server.web.templating import environment
 
 router = APIRouter(include_in_schema=False)
 
-VERDICTS = ("hang", "mismatch", "healthy", "no-culprit-visible", "unknown")
 MAX_FORM_BYTES = 8192
 
 
@@ -119,7 +119,7 @@ def incidents_page(
         rows=rows,
         filters=filters,
         jobs=jobs,
-        verdicts=VERDICTS,
+        verdicts=tuple(VERDICTS),
         statuses=STATUSES,
         counts=_state_counts(ctx.store.count_by_status()),
         error=error,

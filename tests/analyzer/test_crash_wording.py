@@ -37,9 +37,25 @@ def _world(golden: str) -> int:
 def test_no_culprit_after_a_crash_reads_the_survivors_not_a_stall(tmp_path: Path) -> None:
     crash = {"kind": "crash", "rank": 1, "how": "exit code 1", "exception": EXC}
     report = analyze_path(_bundle(tmp_path, "healthy", crash), world_size=_world("healthy"))
-    assert report.verdict == "no-culprit-visible", report.summary
+    # The culprit is in the structured fields every consumer reads, not only in prose.
+    assert (report.verdict, report.lagging_ranks) == ("crash", [1]), report.summary
     assert report.summary.startswith(f"Rank 1 crashed (exit code 1): {EXC}. In the survivors'")
     assert "A stall was reported" not in report.summary
+    [first] = [f for f in report.findings if f.kind == "rank-crashed"]
+    assert first.ranks == [1] and EXC in first.detail
+
+
+@pytest.mark.timeout(60)
+def test_a_hang_behind_a_named_crash_blames_the_crashed_rank(tmp_path: Path) -> None:
+    """The skip bundle: FR blames the rank that never entered. With a crash trigger
+    naming another rank, the crash is the cause; FR's reading follows it."""
+    plain = analyze_path(GOLDEN_DIR / "skip", world_size=_world("skip"))
+    survivor = next(r for r in range(_world("skip")) if r not in plain.lagging_ranks)
+    crash = {"kind": "crash", "rank": survivor, "how": "exit code 1", "exception": EXC}
+    report = analyze_path(_bundle(tmp_path, "skip", crash), world_size=_world("skip"))
+    assert (report.verdict, report.lagging_ranks) == ("crash", [survivor])
+    assert report.summary.endswith(plain.summary)
+    assert report.stalled_collective == plain.stalled_collective  # where the others waited
 
 
 @pytest.mark.timeout(60)
