@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hangwatch.analyzer.parse import parse_dump_bytes
 
 from hangwatch import formats, termdump
-from hangwatch.analyzer.parse import parse_dump_bytes
 from tests.agent.live_ranks import start_job
 
 pytestmark = pytest.mark.torch
@@ -37,7 +37,9 @@ def test_sigterm_on_a_rank_blocked_in_a_collective_dumps_its_fr_then_ends_it(
         rc = job.procs[0].wait(termdump.TERM_DUMP_S + 10)
         assert rc == -signal.SIGTERM, job.output()
         dumped = sorted((job.run_dir / "fr").glob(f"hw_exit_*_pid_{pid}_rank_0"))
-        assert [p.name for p in dumped] == [formats.exit_dump_name(formats.GENERIC_INSTANCE, 0, pid)]
+        assert [p.name for p in dumped] == [
+            formats.exit_dump_name(formats.GENERIC_INSTANCE, 0, pid)
+        ]
         doc = parse_dump_bytes(dumped[0].read_bytes())
         ops = [e["profiling_name"] for e in doc["entries"]]
         # Every collective it made before blocking (3 groups a step), in order.
