@@ -278,7 +278,9 @@ def collect_rank(
             found = [
                 (path, source)
                 for path, source in (
-                    (None if alive else _exit_file(run_dir, t, rec), FrSource.EXIT_FILE),
+                    # Named by pid: present only once this process died (it may
+                    # have died since `alive` was read, answering nothing).
+                    (_exit_file(run_dir, t, rec), FrSource.EXIT_FILE),
                     (_abort_file(run_dir, rank, rec), FrSource.ABORT_FILE),
                 )
                 if path is not None

@@ -166,12 +166,13 @@ class JobRegistry:
                 job.handled.clear()
                 job.started = now
             old = job.agents.get(req.agent_id)
+            dropped: dict[int, RankRecord] = {}
             if old is not None:
                 self._sessions.pop(old.session_id, None)
                 for r in old.ranks:
                     cur = job.ranks.get(r)
                     if cur is not None and cur.agent_id == req.agent_id:
-                        del job.ranks[r]
+                        dropped[r] = job.ranks.pop(r)
             agent = AgentRecord(
                 agent_id=req.agent_id,
                 host=req.host,
@@ -184,20 +185,31 @@ class JobRegistry:
             job.agents[req.agent_id] = agent
             self._sessions[session_id] = (req.job_id, req.agent_id)
             for ri in req.ranks:
-                self._register_rank(job, req, ri, now)
+                self._register_rank(job, req, ri, now, dropped.get(ri.rank))
             if old is not None:
                 agent.mailbox.inherit(old.mailbox, now)
         return session_id
 
     def _register_rank(
-        self, job: JobRecord, req: pb.RegisterRequest, ri: pb.RankInfo, now: float
+        self,
+        job: JobRecord,
+        req: pb.RegisterRequest,
+        ri: pb.RankInfo,
+        now: float,
+        mine_before: RankRecord | None,
     ) -> None:
+        """`mine_before`: this agent's record of the rank under its previous session."""
         # A rank that moved to this agent leaves its old one.
-        prev = job.ranks.get(ri.rank)
+        prev = job.ranks.get(ri.rank) or mine_before
         if prev is not None and prev.agent_id != req.agent_id:
             other = job.agents.get(prev.agent_id)
             if other is not None:
                 other.ranks.discard(ri.rank)
+        # The same process registered again (its agent restarted, or reconnected
+        # after a partition): keep the numbers it last reported, so that its next
+        # report is compared with them. Read as a fresh baseline, a rank still
+        # stuck where it was would look like progress and resolve a live hang.
+        kept_from = prev if prev is not None and prev.pid == ri.pid and ri.pid > 0 else None
         rank = job.ranks[ri.rank] = RankRecord(
             rank=ri.rank,
             agent_id=req.agent_id,
@@ -219,7 +231,10 @@ class JobRegistry:
                 job.groups[gi.name] = GroupRecord(
                     name=gi.name, desc=gi.desc, ranks=ranks, last_progress=now
                 )
-            rank.groups[gi.name] = RankGroupRecord(reported_at=now)
+            kept = kept_from.groups.get(gi.name) if kept_from is not None else None
+            rank.groups[gi.name] = kept if kept is not None else RankGroupRecord(reported_at=now)
+        if kept_from is not None:
+            rank.cpu = kept_from.cpu
 
     def session(self, session_id: str, job_id: str, agent_id: str) -> None:
         """Raise StaleSession unless the session is the agent's current one."""
@@ -251,11 +266,13 @@ class JobRegistry:
                     g = job.groups.get(gp.group)
                     if rg is None or g is None:
                         continue  # a group it never registered: membership unknown
+                    # A rank's first numbers (a new process, or a coordinator
+                    # that never saw it) are where it starts, not progress.
                     baseline = not rg.reported
-                    if _apply_group_progress(rg, gp, now):
+                    if _apply_group_progress(rg, gp, now) and not baseline:
                         g.last_progress = now
                         job.last_progress = now
-                        moved |= not baseline
+                        moved = True
             if moved:
                 job.note_move(now)
 

@@ -82,3 +82,36 @@ def test_a_stall_incident_is_not_worded_as_a_crash(tmp_path: Path) -> None:
         _bundle(tmp_path, "healthy", {"kind": "stall"}), world_size=_world("healthy")
     )
     assert report.summary.startswith("A stall was reported"), report.summary
+
+
+@pytest.mark.timeout(30)
+def test_a_survivor_s_error_after_the_crash_is_a_consequence() -> None:
+    from hangwatch.analyzer.crash import with_crash
+    from hangwatch.analyzer.report import Finding, FindingKind, Report
+
+    closed = (
+        "rank 0: uncaught exception in thread MainThread: RuntimeError: Connection closed by peer"
+    )
+    own = f"rank 1: uncaught exception in thread MainThread: {EXC}"
+    fr = Report(
+        verdict="hang",
+        summary="Rank 1 never entered all_reduce #16 in group 0 (default_pg); rank 0 is waiting in it.",
+        lagging_ranks=[1],
+        findings=[
+            Finding(kind=FindingKind.STUCK_OUTSIDE_COLLECTIVE, ranks=[1], detail="stuck"),
+            Finding(kind=FindingKind.THREAD_EXCEPTION, ranks=[0], detail=closed),
+            Finding(kind=FindingKind.THREAD_EXCEPTION, ranks=[1], detail=own),
+        ],
+    )
+    head = f"Rank 1 crashed (process gone): {EXC}"
+    rep = with_crash(fr, {"kind": "crash", "rank": 1}, head)
+    assert (rep.verdict, rep.lagging_ranks) == ("crash", [1])
+    kinds = [(f.kind, f.ranks) for f in rep.findings]
+    # Dead, not stuck; rank 0's error follows from it; rank 1's own exception stays.
+    assert kinds == [
+        (FindingKind.RANK_CRASHED, [1]),
+        (FindingKind.CRASH_CONSEQUENCE, [0]),
+        (FindingKind.THREAD_EXCEPTION, [1]),
+    ]
+    assert rep.findings[1].detail.startswith(closed) and "consequence" in rep.findings[1].detail
+    assert rep.summary == f"{head}. {fr.summary}"

@@ -178,6 +178,33 @@ def test_a_quiet_period_that_ends_is_resolved_and_the_job_finishes(tmp_path: Pat
         agent.check()
 
 
+@pytest.mark.timeout(120)
+def test_an_agent_restarted_mid_incident_does_not_resolve_it(tmp_path: Path) -> None:
+    """Issue 27: the node's agent is killed (-9) and restarted while the middle
+    stage still sleeps. The restarted agent re-registers the same processes with
+    the numbers they still have: no progress. The incident resolves only when the
+    stage really wakes, 14 s after it fell asleep, and it is the only one."""
+    job_id = "pipe-agent-restart"
+    plan = {"stall_after": "4", "stall_for": "14", "steps": "150", "step_s": "0.03"}
+    with _watched(tmp_path, job_id, **plan) as (coord, agent, job):
+        wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+        inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+        agent.kill()
+        agent.start()
+        assert job.wait(60) == 0, (tmp_path / "job.log").read_text()[-3000:]
+        done = wait_for(
+            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["status"] == "resolved" and d,
+            20,
+            "the incident to resolve",
+        )
+        # Resolved when the stage woke (stall_s spans its whole sleep), not when
+        # the agent came back a few seconds into it.
+        assert 14 - 1 <= done["stall_s"] <= 14 + STALL_TIMEOUT, done
+        assert len(coord.api(f"/api/incidents?job={job_id}")) == 1
+        assert agent.starts == 2
+        agent.check()
+
+
 @pytest.mark.timeout(150)
 def test_the_p2p_demo_names_the_recv_recv_cycle(tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}

@@ -249,18 +249,12 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
         assert (inc.verdict, inc.lagging_ranks) == ("crash", [1]), inc.summary
         [first] = [f for f in inc.report.findings if f.kind == FindingKind.RANK_CRASHED]
         assert first.ranks == [1]
-        # Both ranks' FR, written by their hooks as each died (gloo fails rank 0's
-        # collective when its peer's socket closes), says where they stopped:
-        # rank 0 in the step's all_reduce, which rank 1 never entered.
-        assert inc.report.ranks_loaded == [0, 1], inc.report.ranks_missing
-        sc = inc.report.stalled_collective
-        assert sc is not None and sc.op == "all_reduce" and sc.entered_ranks == [0], inc.summary
-        assert "rank 0 is waiting in it" in inc.summary, inc.summary
-        # What rank 0 raised after its peer died is a consequence, not a cause.
-        [after] = [f for f in inc.report.findings if f.kind == FindingKind.CRASH_CONSEQUENCE]
-        assert after.ranks == [0] and "Connection closed by peer" in after.detail
-        raised = [f.ranks for f in inc.report.findings if f.kind == FindingKind.THREAD_EXCEPTION]
-        assert raised == [[1]]
+        # The survivor's FR is in the incident even when it died before the
+        # agent asked (gloo fails its collective when the peer's socket closes):
+        # its hook wrote it as it died. Where it stood depends on that race (its
+        # collective in flight, or already failed), so it is not asserted here;
+        # tests/agent/test_termdump.py checks the dump itself.
+        assert 0 in inc.report.ranks_loaded, inc.report.ranks_missing
         j.ended()
         # The incident ends at the coordinator's next tick after the job does.
         (only,) = j.wait(

@@ -88,6 +88,44 @@ def test_a_stall_that_completes_is_resolved_with_its_duration_and_late_ranks(env
 
 
 @pytest.mark.timeout(20)
+def test_a_restarted_agent_is_not_progress(env: Env) -> None:
+    """The node's agent is killed and restarted mid-incident (a DaemonSet): it
+    re-registers the same rank processes and reports the numbers they still
+    have. That is no progress: the hang stays open until the ranks move."""
+    first = _open_stall(env)
+    _answer_all(env, first)
+    for _ in range(3):
+        env.clock.advance(2)
+        env.b.register()  # a new session: the same processes (same pids)
+        env.b.report({2: (5, 4), 3: (4, 4)})  # where they were: no move
+        env.a.report({0: (5, 4), 1: (5, 4)})
+        env.manager.tick()
+    row = env.only_incident()
+    assert row.status == "analyzed" and row.is_open, row.close_reason
+    # Rank 3 really resumes: #5 completes everywhere, and now it resolves.
+    env.clock.advance(1)
+    env.b.report({2: (5, 5), 3: (5, 5)})
+    env.a.report({0: (5, 5), 1: (5, 5)})
+    env.manager.tick()
+    assert env.only_incident().status == "resolved"
+
+
+@pytest.mark.timeout(20)
+def test_a_restarted_job_is_a_new_baseline_not_progress_either(env: Env) -> None:
+    """New processes behind the same ranks (the launcher restarted the job) start
+    from nothing: their first numbers are a baseline, so the old hang is not
+    read as resolved by them; it ends with the old processes."""
+    first = _open_stall(env)
+    _answer_all(env, first)
+    env.clock.advance(2)
+    env.b.pid_base += 1000  # other pids: another run of the job
+    env.b.register()
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    env.manager.tick()
+    assert env.only_incident().status == "analyzed"
+
+
+@pytest.mark.timeout(20)
 def test_progress_while_still_collecting_resolves_once_the_verdict_is_stored(env: Env) -> None:
     first = _open_stall(env)
     env.clock.advance(1)
