@@ -173,3 +173,31 @@ def thread_that_matters(threads: list[Thread]) -> Thread | None:
     helper threads while another is there."""
     ours = [t for t in threads if not t.is_helper] or threads
     return min(ours, key=lambda t: (not t.in_collective, t.main_rank, -len(t.frames)), default=None)
+
+
+def thread_that_matters_first(text: str) -> str:
+    """The same stack text with the thread `thread_that_matters` picks moved to the
+    top, then the others as printed, hangwatch's own helper threads last: what a
+    page shows in a scrolling box, where the first lines are the ones read.
+    Nothing is dropped; text with no thread in it comes back unchanged."""
+    lines = text.splitlines()
+    preamble: list[str] = []
+    blocks: list[list[str]] = []
+    for line in lines:
+        if line.startswith(THREAD_HEADERS):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+        else:
+            preamble.append(line)
+    if len(blocks) < 2:
+        return text
+    parsed = [parse_threads("\n".join(b)) for b in blocks]
+    threads = [p[0] if p else Thread(header=b[0]) for p, b in zip(parsed, blocks, strict=True)]
+    chosen = thread_that_matters([t for t in threads if t.frames])
+    first = [i for i, t in enumerate(threads) if t is chosen]
+    rest = [i for i, t in enumerate(threads) if t is not chosen and not t.is_helper]
+    helpers = [i for i, t in enumerate(threads) if t is not chosen and t.is_helper]
+    ordered = [line for i in first + rest + helpers for line in blocks[i]]
+    out = "\n".join(preamble + ordered)
+    return out + "\n" if text.endswith("\n") else out

@@ -16,6 +16,8 @@ from hangwatch.analyzer.text import finding_roles, group_sort_key
 from hangwatch.server.web import timeline, waitgraph
 from markupsafe import Markup
 
+from hangwatch.stacktext import thread_that_matters_first
+
 if TYPE_CHECKING:
     from hangwatch.server.incidents.store import IncidentRow
 
@@ -73,6 +75,9 @@ class RankCard:
     stack_source: str
     fr_source: str
     gpu_items: list[tuple[str, str]]
+    # The rank's stacks with the thread that matters first (the CLI's choice):
+    # hangwatch's own dump-handler thread can be 100 lines of imports.
+    stacks: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +136,7 @@ def _card(rank: int, ev: RankEvidence | None) -> RankCard:
         stack_source=ev.sources.get("stacks", "unknown" if ev.stacks else "none"),
         fr_source=ev.sources.get("fr", "unknown"),
         gpu_items=_gpu_items(ev.gpu),
+        stacks=thread_that_matters_first(ev.stacks) if ev.stacks else "",
     )
 
 

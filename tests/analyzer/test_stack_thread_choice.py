@@ -10,6 +10,7 @@ from hangwatch.analyzer.stackdiag import classify
 from hangwatch.analyzer.text import stack_excerpt
 
 from hangwatch.formats import RankMeta
+from hangwatch.stacktext import thread_that_matters_first
 
 # `python -m train`: the main thread's outermost frame is runpy's; a helper
 # thread is deep in an import (more frames, and `<module>` frames inside).
@@ -129,3 +130,15 @@ def test_a_hook_handler_entered_from_cpp_is_never_taken_for_the_main_thread() ->
     ], got
     # The stack diagnosis reads the same thread: the rank waits, it is not importing.
     assert classify(1, RankMeta(rank=1, stacks=WORKER_SERVER_HANDLER)).state == StackState.SLEEPING
+
+
+def test_the_page_shows_the_thread_that_matters_first_and_loses_nothing() -> None:
+    """The incident page's stacks box (thread_that_matters_first): the rank's own
+    thread opens it; the hook's 100-line handler thread comes last, still there."""
+    ordered = thread_that_matters_first(WORKER_SERVER_HANDLER)
+    first_block = ordered.split("\nThread ")[0]
+    assert "_stall_outside_collectives" in first_block, first_block[:500]
+    assert "importlib" not in first_block and "hook_endpoint" not in first_block
+    assert sorted(ordered.splitlines()) == sorted(WORKER_SERVER_HANDLER.splitlines())
+    # Text without two threads comes back as it was.
+    assert thread_that_matters_first("<no Python frame>\n") == "<no Python frame>\n"
