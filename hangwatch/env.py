@@ -44,6 +44,10 @@ HANGWATCH_EXCLUDE_TIMEOUT = "HANGWATCH_EXCLUDE_TIMEOUT"
 # Set by `hangwatch run` so the sitecustomize shim attaches the hook with no
 # edit of the training script.
 HANGWATCH_AUTOATTACH = "HANGWATCH_AUTOATTACH"
+# Set by the hook: the torch variables it gave a default (comma-separated), so
+# a process started under one (torchrun's workers, under torchrun's hook) does
+# not announce hangwatch's own default as "the job's" value.
+HANGWATCH_TORCH_DEFAULTS = "HANGWATCH_TORCH_DEFAULTS"
 
 # --- torch's variables that the hook sets defaults for (and logs overrides of) ---
 TORCH_FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"

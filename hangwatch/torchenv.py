@@ -95,16 +95,27 @@ def _torch_older_than(major: int, minor: int) -> bool:
     return (int(m.group(1)), int(m.group(2))) < (major, minor)
 
 
+def _ours(environ: MutableMapping[str, str]) -> set[str]:
+    """The torch variables an earlier hook in this process tree gave its default."""
+    return {n for n in environ.get(env.HANGWATCH_TORCH_DEFAULTS, "").split(",") if n}
+
+
+def _mark_ours(environ: MutableMapping[str, str], names: Sequence[str]) -> None:
+    environ[env.HANGWATCH_TORCH_DEFAULTS] = ",".join(sorted(_ours(environ) | set(names)))
+
+
 def _default(d: EnvDecisions, environ: MutableMapping[str, str], name: str, value: str) -> None:
     current = environ.get(name)
     if current is None:
         environ[name] = value
         d.set[name] = value
+        _mark_ours(environ, [name])
         d.pending.append((logging.INFO, f"set {name}={value}"))
-    else:
+    elif name not in _ours(environ):
         d.pending.append(
             (logging.INFO, f"keeping the job's {name}={current} (hangwatch default {value})")
         )
+    # else: a parent's hook set it (torchrun's, for its workers): nothing to say
 
 
 def _default_pair(
@@ -112,10 +123,15 @@ def _default_pair(
 ) -> None:
     given = [(n, environ[n]) for n in names if n in environ]
     if given:
-        kept = ", ".join(f"{n}={v}" for n, v in given)
-        d.pending.append((logging.INFO, f"keeping the job's {kept} (hangwatch default {value})"))
+        theirs = [(n, v) for n, v in given if n not in _ours(environ)]
+        if theirs:
+            kept = ", ".join(f"{n}={v}" for n, v in theirs)
+            d.pending.append(
+                (logging.INFO, f"keeping the job's {kept} (hangwatch default {value})")
+            )
         return
     for n in names:
         environ[n] = value
         d.set[n] = value
+    _mark_ours(environ, names)
     d.pending.append((logging.INFO, "set " + " and ".join(f"{n}={value}" for n in names)))

@@ -79,6 +79,24 @@ def test_a_value_the_job_set_is_kept_under_either_name(
     assert Path(st.run_dir, formats.FR_DIR).is_dir()
 
 
+@pytest.mark.timeout(10)
+def test_a_default_a_parent_hook_set_is_not_announced_as_the_job_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torchrun's own hook sets the defaults; its workers inherit them. A worker
+    says nothing about them, but still names a value the job really set."""
+    launcher, worker = _env_state(tmp_path), _env_state(tmp_path)
+    environ: dict[str, str] = {env.TORCH_INCLUDE_STACK_TRACE: "0"}  # the job's own choice
+    hook._set_env_defaults(launcher, environ, 2000)
+    with caplog.at_level(logging.INFO, logger="hangwatch.hook"):
+        hook._set_env_defaults(worker, environ, 2000)
+        hook._announce(worker)
+    assert "keeping the job's TORCH_FR_BUFFER_SIZE" not in caplog.text
+    assert "keeping the job's TORCH_FR_DUMP_TEMP_FILE" not in caplog.text
+    assert f"keeping the job's {env.TORCH_INCLUDE_STACK_TRACE}=0" in caplog.text
+    assert environ[env.TORCH_FR_BUFFER_SIZE] == "2000"
+
+
 @pytest.mark.timeout(60)
 def test_attach_outside_a_rank_is_silent_and_writes_nothing(tmp_path: Path) -> None:
     """The launcher, data-loader and compile workers: env only, no log line, no files."""
