@@ -77,8 +77,11 @@ def run(ns: argparse.Namespace) -> int:
     try:
         os.execvpe(cmd[0], cmd, child_env)
     except OSError as e:
-        sys.stderr.write(f"hangwatch run: cannot run {cmd[0]!r}: {e}\n")
-        return 127
+        # execvpe's error names the last PATH entry it tried, as bytes; say what
+        # the user typed and why, as a shell would (127: not found, 126: not runnable).
+        why = e.strerror or type(e).__name__
+        sys.stderr.write(f"hangwatch run: cannot run {cmd[0]}: {why}\n")
+        return 127 if isinstance(e, FileNotFoundError) else 126
     return 0  # not reached: exec replaced the process
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hangwatch.agent import endpoint
@@ -111,3 +112,25 @@ def test_thread_endpoint_and_collective_timeout_event(tmp_path: Path) -> None:
     finally:
         job.close()
     assert job.procs[1].returncode == 0, job.output()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "make,rc,why",
+    [
+        (lambda d: "no-such-command-here", 127, "No such file or directory"),
+        (lambda d: str(d / "not-executable"), 126, "Permission denied"),
+    ],
+)
+def test_a_command_that_cannot_run_is_one_plain_line(
+    tmp_path: Path, make: Any, rc: int, why: str
+) -> None:
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    cmd = make(tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "hangwatch", "run", "--run-dir", str(tmp_path / "run"), "--", cmd],
+        capture_output=True, text=True, timeout=25,
+    )  # fmt: skip
+    assert r.returncode == rc, r.stderr
+    # What the user typed and why, as a shell would say it; no bytes repr.
+    assert r.stderr == f"hangwatch run: cannot run {cmd}: {why}\n"
