@@ -20,6 +20,19 @@ def check_http_url(url: str, what: str, *, credentials: bool = True) -> None:
         raise ValueError(f"{what}: must not carry credentials or a query")
 
 
+def check_hostport(target: str, what: str) -> None:
+    """HOST:PORT (or [v6]:PORT) with a port in 1-65535, or a gRPC target URI
+    (dns:///h:p, unix:/path, ipv4:...), which gRPC itself resolves. Without
+    this, a typo is accepted and dialled for ever."""
+    if ":/" in target or target.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:")):
+        return
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what}: expected HOST:PORT, got {target!r}")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ValueError(f"{what}: an IPv6 host goes in brackets, [::1]:PORT; got {target!r}")
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` names this machine only (a coordinator there needs no token)."""
     if host == "localhost":

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import env
-from hangwatch.addresses import check_http_url, is_loopback
+from hangwatch.addresses import check_hostport, check_http_url, is_loopback
 
 SERVER = "server"
 AGENT = "agent"
@@ -416,6 +416,8 @@ class Config:
                 check_http_url(url, "--notify-url")
             if self.public_url:
                 check_http_url(self.public_url, "--public-url", credentials=False)
+        if command in (AGENT, DEMO, RUN) and self.coordinator:
+            check_hostport(self.coordinator, "--coordinator")
         if self.on_hang not in ON_HANG:
             raise ValueError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.on_hang!r}")
         if command == SERVER:

@@ -263,6 +263,7 @@ def _run(ns: argparse.Namespace) -> int:
         hookbackend.build()
     try:
         conf = _config(ns)
+        conf.validate(cfg.DEMO)
         scenario = get_scenario(ns.scenario).for_backend(ns.backend)
         scenario.check_world(ns.ranks)
         token = conf.resolved_token()

@@ -67,6 +67,7 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     try:
         cfg = config_mod.from_sources(ns, os.environ)
+        cfg.validate(config_mod.RUN)
     except ValueError as e:
         sys.stderr.write(f"hangwatch run: {e}\n")
         return 2
