@@ -61,6 +61,17 @@ class ServerRuntime:
             raise StartError(
                 f"cannot bind HTTP on {hostport(conf.host, conf.http_port)}: {e}"
             ) from e
+        if conf.grpc_port:
+            # Probe the gRPC port the way the HTTP one is bound: taken, it is one
+            # clean line, before gRPC's core logs its own and before the data
+            # directory is created for a server that never ran.
+            try:
+                bind_http(conf.host, conf.grpc_port).close()
+            except OSError as e:
+                self._http_sock.close()
+                raise StartError(
+                    f"cannot bind gRPC on {hostport(conf.host, conf.grpc_port)}: {e}"
+                ) from e
         coord = Coordinator(conf)
         try:
             coord.start()

@@ -111,3 +111,28 @@ def test_refuses_non_loopback_without_token(tmp_path: Path) -> None:
     assert env.HANGWATCH_TOKEN in lines[0] and "--insecure" in lines[0]
     assert res.stdout == ""
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("which", ["grpc", "http"])
+def test_a_taken_port_is_one_line_and_no_data_dir(tmp_path: Path, which: str) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = {"grpc": "0", "http": "0", which: str(port)}
+        res = subprocess.run(
+            [sys.executable, "-m", "hangwatch", "server", "--grpc-port", ports["grpc"],
+             "--http-port", ports["http"], "--data-dir", str(tmp_path / "d")],
+            capture_output=True, text=True, env=_env(), timeout=25,
+        )  # fmt: skip
+    assert res.returncode == 2, res
+    # One line of ours: nothing from gRPC's core logger before it.
+    lines = res.stderr.strip().splitlines()
+    assert lines == [
+        f"hangwatch server: cannot bind {'gRPC' if which == 'grpc' else 'HTTP'} on "
+        f"127.0.0.1:{port}: [Errno 98] Address already in use"
+    ], res.stderr
+    assert not (tmp_path / "d").exists()
