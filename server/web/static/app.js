@@ -53,6 +53,13 @@
 
   // A job's state badge, as templates/job_state.html draws it.
   function jobStateBadge(j) {
+    // As job_state.html: a live job that is stuck is "stalled", in red.
+    const stuck = j.open_incident || j.stalled_groups || (j.stalled && j.stalled.length);
+    if (j.state === "live" && stuck) {
+      const b = el("span", "stalled", "badge badge-hang job-state");
+      b.title = "an incident is open or a collective is stalled";
+      return b;
+    }
     if (j.state === "live") return el("span", "live", "badge badge-healthy job-state");
     if (j.state === "ended") {
       const b = el("span", "ended", "badge badge-ended job-state");
@@ -65,9 +72,10 @@
   function setLive(ok) {
     const s = document.getElementById("live-status");
     if (!s) return;
-    // The job page's status names the job's state (live, ended), the jobs page's the page's.
-    const what = { ended: "ended", history: "no live state: history only" }[s.dataset.state] || "live";
-    s.textContent = ok ? what + " · updated " + new Date().toLocaleTimeString() : what + " · connection lost, retrying";
+    // The job page's badge names the job's state; this names the page's freshness
+    // (the lists, which have no badge, say "live" too).
+    const what = s.dataset.state === undefined ? "live · " : s.dataset.state === "history" ? "no live state: history only · " : "";
+    s.textContent = ok ? what + "updated " + new Date().toLocaleTimeString() : what + "connection lost, retrying";
     s.classList.toggle("stale", !ok);
   }
 
