@@ -59,10 +59,16 @@ class Collection:
     finalizing: bool = False
     tail_context: int = 0  # > 0: agents upload FR tails first (two-phase collection)
 
+    # An incident a previous coordinator left collecting: its agents are asked
+    # again once they re-register (they kept their dumps), until `deadline`.
+    recovering: bool = False
+
     @classmethod
-    def recovered(cls, row: IncidentRow, bundle: Path, now: float) -> Collection:
-        """An incident a previous coordinator left collecting: what arrived is
-        all there will be, so it is ready to finalize at once."""
+    def recovered(cls, row: IncidentRow, bundle: Path, now: float, wait_s: float) -> Collection:
+        """An incident a previous coordinator left collecting. What arrived is on
+        disk; the rest is asked for again as the agents re-register (each kept
+        its bundle under its run directory), for `wait_s`: one lost-agent
+        timeout for them to notice the restart, one dump deadline to answer."""
         have = {r for r in row.ranks_expected if fr_stored(bundle, r)}
         return cls(
             incident_id=row.id,
@@ -70,14 +76,19 @@ class Collection:
             trigger=row.trigger,
             created=row.created,
             onset=now,
-            deadline=now,
+            deadline=now + wait_s,
             world_size=len(row.ranks_expected) or None,
             expected=set(row.ranks_expected),
             asked={},
             dumped=have,
-            unreachable={r: RESTARTED for r in row.ranks_expected if r not in have},
-            finalizing=True,
+            recovering=True,
         )
+
+    def settle_recovered(self) -> None:
+        """Ranks of a recovered incident nobody was found to ask: the restart lost them."""
+        asked = {r for ranks in self.asked.values() for r in ranks}
+        for r in self.expected - self.dumped - set(self.unreachable) - asked:
+            self.unreachable[r] = RESTARTED
 
     def accounted(self) -> bool:
         return self.expected <= (self.dumped | set(self.unreachable))

@@ -201,12 +201,15 @@ class IncidentManager:
                 self._on_stalls(job_id, stalls)
             elif (quiet := self.registry.quiet(job_id)) is not None:
                 self._on_quiet(job_id, quiet)
+        self._ask_recovered()
         now = self.registry.now()
         due: list[Collection] = []
         with self._lock:
             for inc in self._collecting.values():
                 if inc.due(now):
                     inc.finalizing = True
+                    if inc.recovering:
+                        inc.settle_recovered()
                     due.append(inc)
         for inc in due:
             self._submit(inc)
@@ -373,8 +376,9 @@ class IncidentManager:
             if report is not None and inc.tail_context:
                 self._ask_full(inc, report)
             # Only incidents opened in this run: one recovered after a restart
-            # describes a job this coordinator has not watched since.
-            if report is not None and opened is not None and self._on_analyzed is not None:
+            # was acted on, or not, by the run that opened it.
+            acts = report is not None and opened is not None and not inc.recovering
+            if acts and report is not None and opened is not None and self._on_analyzed:
                 try:
                     self._on_analyzed(inc.incident_id, inc.job_id, opened, report)
                 except Exception:
@@ -391,7 +395,7 @@ class IncidentManager:
         stored = {r for r in pending if fr_stored(bundle, r)}
         with self._lock:
             dumped, unreachable = inc.settle(stored, self.dump_deadline)
-        if inc.asked:  # a recovered incident's collection began in an earlier run
+        if inc.asked and not inc.recovering:  # a recovered one began in an earlier run
             opened = inc.deadline - self.dump_deadline
             self.metrics.observe("hangwatch_collection_seconds", self.registry.now() - opened)
         return analyse_and_store(
@@ -418,13 +422,48 @@ class IncidentManager:
     # ---- restart recovery -------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Incidents left collecting by a previous run: analyse what arrived."""
+        """Incidents left collecting by a previous run: finish their collection.
+
+        Each is watched like one opened in this run (it resolves on progress
+        seen from now on, ends with its job) and is the job's open incident, so
+        the same stall detected again joins it rather than opening a second."""
+        now = self.registry.now()
+        wait_s = self.registry.agent_lost_timeout + self.dump_deadline
         for row in self.store.list_incidents(status=IncidentStatus.COLLECTING, limit=10_000):
-            inc = Collection.recovered(row, self.store.incident_dir(row.id), self.registry.now())
+            inc = Collection.recovered(row, self.store.incident_dir(row.id), now, wait_s)
             with self._lock:
                 self._collecting[row.id] = inc
+                self._watch[row.id] = Watch(
+                    incident_id=row.id,
+                    job_id=row.job_id,
+                    trigger=row.trigger,
+                    opened=now,
+                    onset=now,
+                )
             log.warning(
-                "incident %s was collecting when the coordinator stopped; analysing what arrived",
+                "incident %s was collecting when the coordinator stopped; asking its agents "
+                "again as they re-register (%d of %d ranks on disk)",
                 row.id,
+                len(inc.dumped),
+                len(inc.expected),
             )
-            self._submit(inc)
+
+    def _ask_recovered(self) -> None:
+        """Each re-registered agent of a recovered incident's job is asked once
+        more; the incident becomes the job's open one as soon as the job is back."""
+        with self._lock:
+            recovering = [i for i in self._collecting.values() if i.recovering and not i.finalizing]
+        for inc in recovering:
+            agents, _ = self.registry.dump_targets(inc.job_id)
+            fresh = {a: ranks for a, ranks in agents.items() if a not in inc.asked}
+            if not fresh:
+                continue
+            if self.registry.open_incident(inc.job_id) is None:
+                self.registry.set_open_incident(inc.job_id, inc.incident_id)
+            cmd = inc.dump_command(
+                "the coordinator restarted during collection", self.dump_deadline
+            )
+            with self._lock:
+                inc.asked.update(fresh)
+            for agent_id in fresh:
+                self.registry.push_command(inc.job_id, agent_id, cmd)

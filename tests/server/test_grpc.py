@@ -480,19 +480,57 @@ def test_coordinator_restart_keeps_incidents_and_agents_reregister(
     c1.stop(grace=1.0)  # dies mid-collection: ranks 2 and 3 never uploaded
 
     c2 = start_coordinator(dump_deadline=60.0)
-    row = wait_status(c2, iid, "analyzed")
+    # Not given up on: it waits for the agents, which kept their dumps (issue 27).
+    assert c2.store.get_incident(iid).status == "collecting"  # type: ignore[union-attr]
+    with grpc.insecure_channel(c2.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a.stub = b.stub = stub
+        assert a.progress({0: (5, 4), 1: (5, 4)}) is False  # unknown session: re-register
+        for ag in (a, b):
+            ag.register()
+            ag.watch()
+        # Each re-registered agent is asked again; node b sends what it never
+        # could (node a's ranks are on disk already: every rank is then in).
+        assert a.next_command(timeout=5).incident_id == iid
+        assert b.next_command(timeout=5).incident_id == iid
+        _bundle_rank(b, iid, 2, 4, 4, 4)
+        _bundle_rank(b, iid, 3, 5, 4, 4)
+        assert b.complete(iid, [2, 3])
+        row = wait_status(c2, iid, "analyzed")
+        assert row.ranks_dumped == [0, 1, 2, 3] and row.ranks_unreachable == {}
+        # The re-collected bundle names the rank the first run could not see.
+        assert (row.verdict, row.lagging_ranks) == ("hang", [2]), row.summary
+        assert a.progress({0: (5, 4), 1: (5, 4)}) is True
+        a.close()
+        b.close()
+    assert c2.registry.jobs() == [JOB]
+    assert [r.id for r in c2.store.list_incidents(job_id=JOB)] == [iid]
+
+
+@pytest.mark.timeout(60)
+def test_a_recovered_incident_nobody_comes_back_for_is_settled_as_restarted(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    c1 = start_coordinator(dump_deadline=60.0)
+    with grpc.insecure_channel(c1.grpc_address) as ch:
+        a, b = _agents(rpc.CoordinatorStub(ch))
+        a.progress({0: (5, 4), 1: (5, 4)})
+        b.progress({2: (4, 4), 3: (5, 4)})
+        iid = a.next_command(timeout=5).incident_id
+        _bundle_rank(a, iid, 0, 5, 4, 4)
+        _bundle_rank(a, iid, 1, 5, 4, 4)
+        a.close()
+        b.close()
+        c1.stop(grace=1.0)  # dies mid-collection: ranks 2 and 3 never uploaded
+    # No agent comes back: after a lost-agent timeout and a dump deadline, what
+    # is on disk is analysed and the rest is named as lost to the restart; the
+    # job is gone as far as anyone knows, so the incident ends, not left open.
+    c2 = start_coordinator(dump_deadline=0.5, agent_lost_timeout=0.5)
+    row = wait_status(c2, iid, "ended")
+    assert row.verdict == "hang" and row.lagging_ranks == [2, 3], row.summary
     assert row.ranks_dumped == [0, 1]
     assert set(row.ranks_unreachable) == {2, 3}
     assert all("restarted" in why for why in row.ranks_unreachable.values())
-    assert row.report is not None
-    with grpc.insecure_channel(c2.grpc_address) as ch:
-        stub = rpc.CoordinatorStub(ch)
-        a.stub = stub
-        assert a.progress({0: (5, 4), 1: (5, 4)}) is False  # unknown session: re-register
-        a.register()
-        assert a.progress({0: (5, 4), 1: (5, 4)}) is True
-    assert c2.registry.jobs() == [JOB]
-    assert [r.id for r in c2.store.list_incidents(job_id=JOB)] == [iid]
 
 
 @pytest.mark.timeout(60)
