@@ -270,7 +270,14 @@ class IncidentManager:
                 if prior is not None:
                     return prior
             last = self._last.get(job_id)
-            if last is not None and not self.registry.progressed_since(job_id, last[1]):
+            # Until the job moves on, a new symptom is the last incident's hang; a
+            # restarted job (new processes, whose first numbers are a baseline
+            # and not progress) has moved on by definition.
+            if (
+                last is not None
+                and not self.registry.progressed_since(job_id, last[1])
+                and not self.registry.restarted_since(job_id, last[1])
+            ):
                 self.registry.mark_handled(job_id, keys, last[0])
                 return last[0]
             expected = set(self.registry.expected_ranks(job_id))

@@ -406,6 +406,12 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             return job is not None and job.last_progress > t
 
+    def restarted_since(self, job_id: str, t: float) -> bool:
+        """Did new processes take the job's ranks (a restart under the same id) after t?"""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job is not None and job.started > t
+
     def last_progress(self, job_id: str) -> float | None:
         """Coordinator time any rank of the job last completed more, if ever."""
         with self._lock:
