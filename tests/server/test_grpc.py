@@ -463,10 +463,10 @@ def test_command_stream_ends_cleanly(coordinator: Coordinator, stub: rpc.Coordin
     assert a.watch_error is not None and a.watch_error.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-@pytest.mark.timeout(60)
-def test_coordinator_restart_keeps_incidents_and_agents_reregister(
+def _killed_mid_collection(
     start_coordinator: Callable[..., Coordinator],
-) -> None:
+) -> tuple[ProtocolAgent, ProtocolAgent, str]:
+    """A coordinator that stops mid-collection: ranks 0,1 uploaded, ranks 2,3 never."""
     c1 = start_coordinator(dump_deadline=60.0)
     with grpc.insecure_channel(c1.grpc_address) as ch:
         a, b = _agents(rpc.CoordinatorStub(ch))
@@ -477,7 +477,15 @@ def test_coordinator_restart_keeps_incidents_and_agents_reregister(
         _bundle_rank(a, iid, 1, 5, 4, 4)
         a.close()
         b.close()
-    c1.stop(grace=1.0)  # dies mid-collection: ranks 2 and 3 never uploaded
+    c1.stop(grace=1.0)
+    return a, b, iid
+
+
+@pytest.mark.timeout(60)
+def test_coordinator_restart_keeps_incidents_and_agents_reregister(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    a, b, iid = _killed_mid_collection(start_coordinator)
 
     c2 = start_coordinator(dump_deadline=60.0)
     # Not given up on: it waits for the agents, which kept their dumps (issue 27).
@@ -511,17 +519,7 @@ def test_coordinator_restart_keeps_incidents_and_agents_reregister(
 def test_a_recovered_incident_nobody_comes_back_for_is_settled_as_restarted(
     start_coordinator: Callable[..., Coordinator],
 ) -> None:
-    c1 = start_coordinator(dump_deadline=60.0)
-    with grpc.insecure_channel(c1.grpc_address) as ch:
-        a, b = _agents(rpc.CoordinatorStub(ch))
-        a.progress({0: (5, 4), 1: (5, 4)})
-        b.progress({2: (4, 4), 3: (5, 4)})
-        iid = a.next_command(timeout=5).incident_id
-        _bundle_rank(a, iid, 0, 5, 4, 4)
-        _bundle_rank(a, iid, 1, 5, 4, 4)
-        a.close()
-        b.close()
-        c1.stop(grace=1.0)  # dies mid-collection: ranks 2 and 3 never uploaded
+    _a, _b, iid = _killed_mid_collection(start_coordinator)
     # No agent comes back: after a lost-agent timeout and a dump deadline, what
     # is on disk is analysed and the rest is named as lost to the restart; the
     # job is gone as far as anyone knows, so the incident ends, not left open.
