@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch import pollgrid
+from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server")
@@ -119,6 +120,21 @@ class JobStragglers:
     @property
     def worst_score(self) -> float:
         return max((r.score for r in self.ranks), default=0.0)
+
+    @property
+    def none_named(self) -> str:
+        """What the page says when nobody is named. A rank can score high from one
+        long run of lateness (a pause, or the start of a hang) without being a
+        straggler (MIN_EPISODES separate runs); the strip then shows it red, and
+        a bare "No stragglers." beside it would read as a contradiction."""
+        late = [r.rank for r in self.ranks if r.score >= 0.25 and not r.straggler]
+        if not late:
+            return "No stragglers."
+        return (
+            f"No stragglers: ranks {format_ranks(late)} kept their group waiting 25%+ of the"
+            " window, in one long run rather than the repeated lateness of a straggler"
+            " (a pause, or a hang: see the stalled collectives)."
+        )
 
 
 @dataclass

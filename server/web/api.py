@@ -99,7 +99,9 @@ def job_stragglers_or_404(ctx: ServerContext, job: str) -> schemas.JobStragglers
         return schemas.JobStragglersOut(
             job=job, window_s=window, tick_s=0.0, ranks=[], stragglers=[]
         )
-    return schemas.JobStragglersOut.model_validate(dataclasses.asdict(view))
+    return schemas.JobStragglersOut.model_validate(
+        {**dataclasses.asdict(view), "none_named": view.none_named}
+    )
 
 
 def incident_or_404(ctx: ServerContext, incident_id: str) -> IncidentRow:

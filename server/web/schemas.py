@@ -229,3 +229,7 @@ class JobStragglersOut(BaseModel):
     tick_s: float = Field(description="Interval between the instants compared.")
     ranks: list[RankLatenessOut]
     stragglers: list[StragglerOut]
+    none_named: str = Field(
+        "No stragglers.",
+        description="What to say when `stragglers` is empty: why a rank that scores high is not one.",
+    )

@@ -140,3 +140,22 @@ def test_median_without_is_the_median_of_the_others() -> None:
             for i, v in enumerate(vals):
                 rest = vals[:i] + vals[i + 1 :]
                 assert median_without(ordered, v) == statistics.median(rest)
+
+
+def test_a_rank_late_in_one_long_run_is_explained_not_contradicted() -> None:
+    """The strip shows a hung rank red (it kept its group waiting); the table beside
+    it must say why that is not a straggler, not a bare "No stragglers."."""
+    from hangwatch.server.live.stragglers import JobStragglers, RankLateness
+
+    def rank(r: int, score: float) -> RankLateness:
+        return RankLateness(
+            rank=r, host="h", score=score, late_ms=1.0, group="0", ticks=40,
+            started_score=None, straggler=False,
+        )  # fmt: skip
+
+    calm = JobStragglers(job="j", window_s=60, tick_s=1, ranks=[rank(0, 0.0)], stragglers=[])
+    assert calm.none_named == "No stragglers."
+    hung = JobStragglers(
+        job="j", window_s=60, tick_s=1, ranks=[rank(0, 0.0), rank(1, 0.4)], stragglers=[]
+    )
+    assert hung.none_named.startswith("No stragglers: ranks 1 kept their group waiting 25%+")

@@ -63,7 +63,14 @@ def test_metrics_carry_worst_lateness_and_straggler_count_per_job(served: Served
 def test_a_job_without_lateness_yet_and_an_unknown_job(served: Served) -> None:
     served.ctx.stragglers = StragglerMonitor()
     body = served.client.get(f"/api/jobs/{JOB}/stragglers").json()
-    assert body == {"job": JOB, "window_s": 300.0, "tick_s": 0.0, "ranks": [], "stragglers": []}
+    assert body == {
+        "job": JOB,
+        "window_s": 300.0,
+        "tick_s": 0.0,
+        "ranks": [],
+        "stragglers": [],
+        "none_named": "No stragglers.",
+    }
     assert "No stragglers." in served.client.get(f"/jobs/{JOB}").text
     assert served.client.get("/api/jobs/nope/stragglers").status_code == 404
 

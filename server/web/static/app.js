@@ -236,7 +236,7 @@
       fillBody(table, s.stragglers.map((x) => [
         td(x.rank, "num bad"), td(x.host), td(pct(x.score), "num"), td(x.late_ms.toFixed(1) + " ms", "num"),
         td(x.kind), td(x.group, "mono"), td(when(x.since), "num"),
-      ]), "No stragglers.", 7);
+      ]), s.none_named || "No stragglers.", 7);
     });
   }
 
