@@ -22,6 +22,7 @@ still a dependency, only a later one. Rules:
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -179,16 +180,26 @@ def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
     assert bad == []
 
 
-MAX_MODULE_LINES = 600
+# A module is as long as its concept needs: past WARN_MODULE_LINES the suite
+# says so (a split along a concept may be due), past MAX_MODULE_LINES it fails.
+WARN_MODULE_LINES = 600
+MAX_MODULE_LINES = 800
 
 
-@pytest.mark.timeout(30)
-def test_no_hand_written_module_is_over_600_lines() -> None:
-    big = [
-        f"{p.relative_to(REPO_ROOT)}: {n} lines"
+def _module_lengths() -> list[tuple[str, int]]:
+    return [
+        (str(p.relative_to(REPO_ROOT)), n)
         for folder in ("hangwatch", "agent", "server", "analyzer", "tests/support")
         for p in sorted((REPO_ROOT / folder).rglob("*.py"))
         if "_proto" not in p.parts
-        and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+        and (n := len(p.read_text(encoding="utf-8").splitlines())) > WARN_MODULE_LINES
     ]
-    assert big == []
+
+
+@pytest.mark.timeout(30)
+def test_no_hand_written_module_is_over_800_lines() -> None:
+    long = _module_lengths()
+    for path, n in long:
+        if n <= MAX_MODULE_LINES:
+            warnings.warn(f"{path}: {n} lines (over {WARN_MODULE_LINES})", stacklevel=1)
+    assert [f"{path}: {n} lines" for path, n in long if n > MAX_MODULE_LINES] == []
