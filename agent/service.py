@@ -194,6 +194,17 @@ class Agent:
                             del self.trackers[old_pid]
                     self.trackers[pid] = t
                     log.info("found rank %d (pid %d, %s)", t.rank, pid, info.fr_source)
+                    if info.job_id and info.job_id != self.cfg.job_id:
+                        # Reported under the agent's job id all the same; say it
+                        # once per rank, so an id left off `hangwatch run` is seen.
+                        log.warning(
+                            "rank %d (pid %d) says job %r, this agent reports job %r: give "
+                            "`hangwatch run` and the agent the same --job-id",
+                            t.rank,
+                            pid,
+                            info.job_id,
+                            self.cfg.job_id,
+                        )
                     changed = True
                 elif mtime != t.rankinfo_mtime:
                     t.apply_info(info)
