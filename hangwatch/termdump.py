@@ -95,7 +95,8 @@ def _watch(r: int, dump: Callable[[], list[str]]) -> None:
             data = os.read(r, 64)
         except InterruptedError:
             continue
-        except OSError:
+        except OSError as e:
+            log.warning("hangwatch: SIGTERM watcher stopped (%s); no FR dump on SIGTERM", e)
             return
         if not data:
             return
@@ -142,5 +143,5 @@ def _default_and_kill() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1.0)  # delivery is asynchronous; it ends the process meanwhile
     except Exception:
-        pass
+        log.exception("hangwatch: could not end the process by SIGTERM; using SIGKILL")
     os.kill(os.getpid(), signal.SIGKILL)
