@@ -60,9 +60,11 @@ class CpuWindow:
     def note(self, now: float, cpu_ns: int, window_s: float) -> None:
         if cpu_ns <= 0 or cpu_ns < self.latest_ns:
             # Unknown (an older agent), or a new process behind the same rank:
-            # start over rather than read a negative rate.
-            self.older_t = self.newer_t = self.latest_t = 0.0
-            self.older_ns = self.newer_ns = self.latest_ns = 0
+            # start over rather than read a negative rate. On the per-report
+            # path: nothing to do for a rank that never had a reading.
+            if self.latest_ns:
+                self.older_t = self.newer_t = self.latest_t = 0.0
+                self.older_ns = self.newer_ns = self.latest_ns = 0
             if cpu_ns <= 0:
                 return
         if self.latest_ns == 0:
