@@ -33,17 +33,17 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError as e:
         sys.stderr.write(f"hangwatch agent: {e}\n")
         return 2
-    configure_logging(cfg.log_level)
+    configure_logging(cfg.job.log_level)
     from hangwatch.agent.service import Agent
 
     agent = Agent(cfg)
     logging.getLogger("hangwatch.agent").info(
         "agent %s: job %s, run dir %s, coordinator %s, poll every %gs",
-        cfg.node_id,
-        cfg.job_id,
-        os.path.abspath(cfg.run_dir),
-        cfg.coordinator,
-        cfg.poll_interval,
+        cfg.agent.node_id,
+        cfg.job.job_id,
+        os.path.abspath(cfg.agent.run_dir),
+        cfg.agent.coordinator,
+        cfg.agent.poll_interval,
     )
     with ShutdownSignals("hangwatch agent", agent.stop):
         agent.run()

@@ -45,8 +45,8 @@ class StaleSession(Exception):
 
 def build_channel(cfg: Config) -> grpc.Channel:
     options: list[tuple[str, Any]] = [
-        ("grpc.max_send_message_length", cfg.max_message_bytes),
-        ("grpc.max_receive_message_length", cfg.max_message_bytes),
+        ("grpc.max_send_message_length", cfg.auth.max_message_bytes),
+        ("grpc.max_receive_message_length", cfg.auth.max_message_bytes),
         # gRPC's own reconnect backoff defaults to a 120 s ceiling; keep it short.
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
@@ -56,20 +56,20 @@ def build_channel(cfg: Config) -> grpc.Channel:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.enable_retries", 0),
     ]
-    if cfg.tls_ca:
-        with open(cfg.tls_ca, "rb") as f:
+    if cfg.auth.tls_ca:
+        with open(cfg.auth.tls_ca, "rb") as f:
             ca = f.read()
         cert = key = None
-        if cfg.tls_cert and cfg.tls_key:
-            with open(cfg.tls_cert, "rb") as f:
+        if cfg.auth.tls_cert and cfg.auth.tls_key:
+            with open(cfg.auth.tls_cert, "rb") as f:
                 cert = f.read()
-            with open(cfg.tls_key, "rb") as f:
+            with open(cfg.auth.tls_key, "rb") as f:
                 key = f.read()
         creds = grpc.ssl_channel_credentials(
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
-        return grpc.secure_channel(cfg.coordinator, creds, options=options)
-    return grpc.insecure_channel(cfg.coordinator, options=options)
+        return grpc.secure_channel(cfg.agent.coordinator, creds, options=options)
+    return grpc.insecure_channel(cfg.agent.coordinator, options=options)
 
 
 class CoordinatorClient:
@@ -81,7 +81,7 @@ class CoordinatorClient:
         self.host = host
         self.channel = build_channel(cfg)
         self.stub = rpc.CoordinatorStub(self.channel)
-        token = cfg.resolved_token()
+        token = cfg.auth.resolved_token()
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -109,7 +109,7 @@ class CoordinatorClient:
 
     def register(self, ranks: list[pb.RankInfo]) -> str:
         req = pb.RegisterRequest(
-            job_id=self.cfg.job_id,
+            job_id=self.cfg.job.job_id,
             agent_id=self.agent_id,
             host=self.host,
             ranks=ranks,
@@ -137,7 +137,7 @@ class CoordinatorClient:
         clock_error_ns: int = 0,
     ) -> None:
         req = pb.ProgressReport(
-            job_id=self.cfg.job_id,
+            job_id=self.cfg.job.job_id,
             agent_id=self.agent_id,
             session_id=self.session_id,
             report_seq=seq,
@@ -158,7 +158,7 @@ class CoordinatorClient:
 
     def report_entries(self, entries: list[pb.FrEntry], dropped: int) -> None:
         req = pb.EntryBatch(
-            job_id=self.cfg.job_id,
+            job_id=self.cfg.job.job_id,
             agent_id=self.agent_id,
             session_id=self.session_id,
             entries=entries,
@@ -171,7 +171,7 @@ class CoordinatorClient:
 
     def report_event(self, kind: int, rank: int, detail: str, age_s: float) -> str:
         req = pb.Event(
-            job_id=self.cfg.job_id,
+            job_id=self.cfg.job.job_id,
             agent_id=self.agent_id,
             session_id=self.session_id,
             kind=kind,  # type: ignore[arg-type]
@@ -191,7 +191,7 @@ class CoordinatorClient:
     def watch_commands(self) -> Any:
         """The server stream of commands (a call object: iterate it, `cancel()` it)."""
         req = pb.WatchRequest(
-            job_id=self.cfg.job_id, agent_id=self.agent_id, session_id=self.session_id
+            job_id=self.cfg.job.job_id, agent_id=self.agent_id, session_id=self.session_id
         )
         return self.stub.WatchCommands(req, metadata=self.metadata)
 

@@ -69,9 +69,9 @@ class _QueuedEvent:
 class Agent:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.run_dir = os.path.abspath(cfg.run_dir)
-        self.client = CoordinatorClient(cfg, agent_id=cfg.node_id, host=socket.gethostname())
-        self.poll_interval = cfg.poll_interval
+        self.run_dir = os.path.abspath(cfg.agent.run_dir)
+        self.client = CoordinatorClient(cfg, agent_id=cfg.agent.node_id, host=socket.gethostname())
+        self.poll_interval = cfg.agent.poll_interval
         self.trackers: dict[int, RankTracker] = {}
         # rank -> the last process that held it and exited, until a new one
         # does: its abort-hook and watchdog dumps stay on disk, and an
@@ -79,7 +79,7 @@ class Agent:
         # own timeout dumped it). One per rank: bounded by the node's ranks.
         self.exited: dict[int, RankTracker] = {}
         self._ignored: set[tuple[int, float]] = set()
-        self.events: BoundedQueue[_QueuedEvent] = BoundedQueue(cfg.max_buffered)
+        self.events: BoundedQueue[_QueuedEvent] = BoundedQueue(cfg.agent.max_buffered)
         self.commands: BoundedQueue[pb.Command] = BoundedQueue(64)
         self.pending: dict[str, PendingDump] = {}
         self._pending_lock = threading.Lock()
@@ -194,7 +194,7 @@ class Agent:
                             del self.trackers[old_pid]
                     self.trackers[pid] = t
                     log.info("found rank %d (pid %d, %s)", t.rank, pid, info.fr_source)
-                    if info.job_id and info.job_id != self.cfg.job_id:
+                    if info.job_id and info.job_id != self.cfg.job.job_id:
                         # Reported under the agent's job id all the same; say it
                         # once per rank, so an id left off `hangwatch run` is seen.
                         log.warning(
@@ -203,7 +203,7 @@ class Agent:
                             t.rank,
                             pid,
                             info.job_id,
-                            self.cfg.job_id,
+                            self.cfg.job.job_id,
                         )
                     changed = True
                 elif mtime != t.rankinfo_mtime:
@@ -279,7 +279,7 @@ class Agent:
             try:
                 self._flush()
                 if failing:
-                    log.info("coordinator %s reachable again", self.cfg.coordinator)
+                    log.info("coordinator %s reachable again", self.cfg.agent.coordinator)
                 failing = False
                 backoff.reset()
                 self._wake_sender.wait(timeout=self.poll_interval)
@@ -292,7 +292,7 @@ class Agent:
                 if not failing:
                     log.warning(
                         "coordinator %s: %s %s; buffering and retrying",
-                        self.cfg.coordinator,
+                        self.cfg.agent.coordinator,
                         e.code(),
                         e.details(),
                     )
@@ -423,7 +423,7 @@ class Agent:
         with self._pending_lock:
             busy = set(self.pending)
         gone = collector.prune_bundles(
-            self.run_dir, keep=self.cfg.keep_bundles, protect=busy | {iid}
+            self.run_dir, keep=self.cfg.agent.keep_bundles, protect=busy | {iid}
         )
         if gone:
             log.info("deleted %d old incident bundle(s): %s", len(gone), ", ".join(gone))
@@ -447,8 +447,8 @@ class Agent:
         res = terminate.answer(
             cmd,
             known,
-            allowed=self.cfg.on_hang == ABORT,
-            job_id=self.cfg.job_id,
+            allowed=self.cfg.respond.on_hang == ABORT,
+            job_id=self.cfg.job.job_id,
             agent_id=self.client.agent_id,
         )
         self._action_results.put(res)
@@ -469,7 +469,7 @@ class Agent:
                 t,
                 run_dir=self.run_dir,
                 incident_id=incident_id,
-                pyspy=self.cfg.pyspy,
+                pyspy=self.cfg.agent.pyspy,
                 gpu=gpu,
                 tail_context=tail_context,
                 clock=clock,
@@ -583,7 +583,7 @@ class Agent:
                     dumped.append(b.rank)
             accepted = self.client.complete_dump(
                 pb.DumpResult(
-                    job_id=self.cfg.job_id,
+                    job_id=self.cfg.job.job_id,
                     agent_id=self.client.agent_id,
                     incident_id=p.incident_id,
                     ranks_dumped=dumped,

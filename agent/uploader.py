@@ -76,11 +76,11 @@ def upload_file(
     ack = client.upload(
         file_chunks(
             path,
-            job_id=client.cfg.job_id,
+            job_id=client.cfg.job.job_id,
             agent_id=client.agent_id,
             incident_id=incident_id,
             rank=rank,
-            size=chunk_size(client.cfg.max_message_bytes),
+            size=chunk_size(client.cfg.auth.max_message_bytes),
         )
     )
     if not ack.complete:
@@ -94,13 +94,13 @@ def upload_files(
     client: CoordinatorClient, files: list[tuple[str, int]], *, incident_id: str
 ) -> pb.UploadFilesAck:
     """Several small files, (path, rank) each, in one UploadFiles stream."""
-    size = chunk_size(client.cfg.max_message_bytes)
+    size = chunk_size(client.cfg.auth.max_message_bytes)
 
     def chunks() -> Iterator[pb.BundleChunk]:
         for path, rank in files:
             yield from file_chunks(
                 path,
-                job_id=client.cfg.job_id,
+                job_id=client.cfg.job.job_id,
                 agent_id=client.agent_id,
                 incident_id=incident_id,
                 rank=rank,

@@ -27,7 +27,7 @@ from typing import Any
 # shared with the tests, not shipped in the wheel).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.testing.launch import launch_job
 from tests.support.chaos import AgentProc, CoordinatorProc, rss_bytes
 
@@ -93,7 +93,7 @@ def run_soak(
                 attach=True,
                 steps_before_fault=10**9,  # never reaches its end: stopped by us
                 step_time=0.05,
-                extra_env={env.HANGWATCH_RUN_DIR: str(run_dir), env.HANGWATCH_JOB_ID: JOB},
+                extra_env={env_var("run_dir"): str(run_dir), env_var("job_id"): JOB},
             ) as job:
                 pids = {"coordinator": coord.pid, "agent": agent.pid}
                 pids.update({f"rank{r}": p for r, p in enumerate(job.pids)})

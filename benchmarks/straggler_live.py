@@ -35,7 +35,7 @@ from typing import Any
 # the repository root goes first so `tests.support` imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.support.chaos import AgentProc, CoordinatorProc
 from tests.support.lateness_api import wait_scored
 
@@ -50,7 +50,7 @@ def run_case(
     job = f"straggler-{slowdown:g}"
     run_dir, store = tmp / "run", tmp / "store"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    environ[env.HANGWATCH_JOB_ID] = job
+    environ[env_var("job_id")] = job
     slow = SLOW_RANK if slowdown > 0 else -1
     with CoordinatorProc(tmp / "data") as coord:
         agent = AgentProc(

@@ -157,10 +157,10 @@ def step_times(*, attach: bool, seconds: float) -> list[float]:
         tmp = Path(d)
         coord = agent = th = None
         if attach:
-            coord = Coordinator(Config(data_dir=str(tmp / "data"), grpc_port=0, http_port=0))
+            coord = Coordinator(Config.of(data_dir=str(tmp / "data"), grpc_port=0, http_port=0))
             coord.start()
             agent = Agent(
-                Config(
+                Config.of(
                     coordinator=coord.grpc_address,
                     run_dir=str(tmp / "run"),
                     poll_interval=1.0,

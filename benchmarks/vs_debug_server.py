@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.support.hookevents import first_abort_unix
 
 _TORCH_JOB = """
@@ -146,7 +146,7 @@ def hangwatch_run(world: int, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hw-vs-debug-") as d:
         run_dir = Path(d) / "run"
         environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-        environ[env.HANGWATCH_RUN_DIR] = str(run_dir)
+        environ[env_var("run_dir")] = str(run_dir)
         r = subprocess.run(
             [sys.executable, "-m", "hangwatch", "demo", "--scenario", "skip", "--ranks",
              str(world), "--backend", "hwhooks", "--collective-timeout", str(timeout),

@@ -1,9 +1,13 @@
-"""The one Config: every setting, its CLI flag, its HANGWATCH_* env var and its help.
+"""Every setting, grouped by concern: its CLI flag, its HANGWATCH_* variable, its help.
 
-Precedence is CLI flag > environment variable > default. `docs/configuration.md`
-is generated from this module (`python -m hangwatch.config`) and a test keeps
-the two in step. Secrets are never flags: the token comes from a file or the
-environment so it never shows in `ps`.
+Each setting is spelled once, as a field of one section; its flag is `--` and its
+name with dashes (`stall_timeout` -> `--stall-timeout`), its variable `HANGWATCH_`
+and its name in capitals. Secrets are never flags: the token comes from a file or
+the environment so it never shows in `ps`. `Config` holds one instance of each
+section (torchtitan's JobConfig shape); each command reads the sections it needs
+and shows the flags whose `commands` name it. Precedence is CLI flag >
+environment variable > default. `docs/configuration.md` is generated from this
+module (`python -m hangwatch.config`) and a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hangwatch import env
 from hangwatch.addresses import check_hostport, check_http_url, is_loopback
 
 SERVER = "server"
@@ -34,11 +37,10 @@ ABORT = "abort"
 ON_HANG = (OBSERVE, ABORT)
 # The placeholders --exclude-command may use.
 EXCLUDE_FIELDS = ("host", "node", "ranks", "incident")
+ENV_PREFIX = "HANGWATCH_"
 
 
 def _opt(
-    flag: str | None,
-    envvar: str,
     help: str,
     commands: Iterable[str],
     *,
@@ -47,10 +49,9 @@ def _opt(
     choices: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     return {
-        "flag": flag,
-        "env": envvar,
         "help": help,
         "commands": frozenset(commands),
+        # A secret has no flag: it would show in `ps`.
         "secret": secret,
         # A command's own wording where one field means different things to each.
         "help_for": dict(help_for or {}),
@@ -60,116 +61,32 @@ def _opt(
 
 
 @dataclass(kw_only=True)
-class Config:
+class JobSection:
+    """Which job, and how loudly: every command."""
+
     job_id: str = field(
         default="default",
         metadata=_opt(
-            "--job-id",
-            env.HANGWATCH_JOB_ID,
             "Job identifier shared by agents and coordinator.",
             [AGENT, DEMO, RUN, HOOK],
         ),
     )
-    host: str = field(
-        default="127.0.0.1",
+    log_level: str = field(
+        default="info",
         metadata=_opt(
-            "--host",
-            env.HANGWATCH_HOST,
-            "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.",
-            [SERVER],
+            "Logging level: debug, info, warning, error.",
+            [SERVER, AGENT, DEMO, RUN, HOOK],
         ),
     )
-    grpc_port: int = field(
-        default=7451,
-        metadata=_opt(
-            "--grpc-port",
-            env.HANGWATCH_GRPC_PORT,
-            "Coordinator gRPC port; 0 picks a free port and prints it.",
-            [SERVER],
-        ),
-    )
-    http_port: int = field(
-        default=7450,
-        metadata=_opt(
-            "--http-port",
-            env.HANGWATCH_HTTP_PORT,
-            "Dashboard/API HTTP port; 0 picks a free port and prints it.",
-            [SERVER],
-        ),
-    )
-    data_dir: str = field(
-        default="./hangwatch-data",
-        metadata=_opt(
-            "--data-dir",
-            env.HANGWATCH_DATA_DIR,
-            "Coordinator state: SQLite incident store and incident bundles.",
-            [SERVER, DEMO],
-        ),
-    )
-    stall_timeout: float = field(
-        default=10.0,
-        metadata=_opt(
-            "--stall-timeout",
-            env.HANGWATCH_STALL_TIMEOUT,
-            "Seconds a group may sit with some members in a collective others have not entered before an incident starts.",
-            [SERVER, DEMO],
-        ),
-    )
-    startup_grace: float = field(
-        default=60.0,
-        metadata=_opt(
-            "--startup-grace",
-            env.HANGWATCH_STARTUP_GRACE,
-            "Seconds a group's first collective may wait for members that have entered none yet"
-            " (ranks start at their own pace: imports, checkpoint loads) before an incident"
-            " starts; the stall timeout when that is longer.",
-            [SERVER],
-        ),
-    )
-    dump_deadline: float = field(
-        default=15.0,
-        metadata=_opt(
-            "--dump-deadline",
-            env.HANGWATCH_DUMP_DEADLINE,
-            "Seconds the coordinator waits for every rank's dump before analysing what arrived.",
-            [SERVER, DEMO],
-        ),
-    )
-    full_dump_max_ranks: int = field(
-        default=256,
-        metadata=_opt(
-            "--full-dump-max-ranks",
-            env.HANGWATCH_FULL_DUMP_MAX_RANKS,
-            "Incidents of up to this many ranks collect every rank's full FR dump at once. Larger"
-            " ones collect FR tails first (one stream per node) and then the full dumps of the"
-            " lagging ranks; the rest stay on the nodes.",
-            [SERVER],
-        ),
-    )
-    tail_context: int = field(
-        default=8,
-        metadata=_opt(
-            "--tail-context",
-            env.HANGWATCH_TAIL_CONTEXT,
-            "Finished FR entries per process group kept before a rank's oldest unfinished one"
-            " when an incident collects tails.",
-            [SERVER],
-        ),
-    )
-    agent_lost_timeout: float = field(
-        default=10.0,
-        metadata=_opt(
-            "--agent-lost-timeout",
-            env.HANGWATCH_AGENT_LOST_TIMEOUT,
-            "Seconds without a report before an agent's ranks are marked unobserved.",
-            [SERVER, DEMO],
-        ),
-    )
+
+
+@dataclass(kw_only=True)
+class AuthSection:
+    """Who may talk to the coordinator, and how: the token, TLS, the message cap."""
+
     token_file: str | None = field(
         default=None,
         metadata=_opt(
-            "--token-file",
-            env.HANGWATCH_TOKEN_FILE,
             "File holding the shared bearer token (or set HANGWATCH_TOKEN).",
             [SERVER, AGENT, DEMO, RUN],
         ),
@@ -177,8 +94,6 @@ class Config:
     token: str | None = field(
         default=None,
         metadata=_opt(
-            None,
-            env.HANGWATCH_TOKEN,
             "Shared bearer token. Environment only: never a CLI flag.",
             [SERVER, AGENT, DEMO, RUN],
             secret=True,
@@ -187,8 +102,6 @@ class Config:
     insecure: bool = field(
         default=False,
         metadata=_opt(
-            "--insecure",
-            env.HANGWATCH_INSECURE,
             "Allow binding a non-loopback address without a token.",
             [SERVER],
         ),
@@ -196,8 +109,6 @@ class Config:
     tls_cert: str | None = field(
         default=None,
         metadata=_opt(
-            "--tls-cert",
-            env.HANGWATCH_TLS_CERT,
             "PEM certificate: the server's own, or the agent's client cert for mTLS.",
             [SERVER, AGENT],
             help_for={
@@ -209,8 +120,6 @@ class Config:
     tls_key: str | None = field(
         default=None,
         metadata=_opt(
-            "--tls-key",
-            env.HANGWATCH_TLS_KEY,
             "PEM private key matching --tls-cert.",
             [SERVER, AGENT],
         ),
@@ -218,8 +127,6 @@ class Config:
     tls_ca: str | None = field(
         default=None,
         metadata=_opt(
-            "--tls-ca",
-            env.HANGWATCH_TLS_CA,
             "PEM CA bundle: agents verify the server with it; a server given one requires client certs.",
             [SERVER, AGENT],
         ),
@@ -227,47 +134,142 @@ class Config:
     max_message_bytes: int = field(
         default=8 * 1024 * 1024,
         metadata=_opt(
-            "--max-message-bytes",
-            env.HANGWATCH_MAX_MESSAGE_BYTES,
             "Largest gRPC message accepted; bundles travel in chunks below it.",
             [SERVER, AGENT],
+        ),
+    )
+
+    def resolved_token(self) -> str | None:
+        """The token from the env var or the token file; the env var wins."""
+        if self.token:
+            return self.token.strip() or None
+        if self.token_file:
+            with open(self.token_file, encoding="utf-8") as f:
+                tok = f.read().strip()
+            if not tok:
+                raise ValueError(f"token file {self.token_file} is empty")
+            return tok
+        return None
+
+
+@dataclass(kw_only=True)
+class ServeSection:
+    """Where the coordinator listens and keeps its state."""
+
+    host: str = field(
+        default="127.0.0.1",
+        metadata=_opt(
+            "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.",
+            [SERVER],
+        ),
+    )
+    grpc_port: int = field(
+        default=7451,
+        metadata=_opt(
+            "Coordinator gRPC port; 0 picks a free port and prints it.",
+            [SERVER],
+        ),
+    )
+    http_port: int = field(
+        default=7450,
+        metadata=_opt(
+            "Dashboard/API HTTP port; 0 picks a free port and prints it.",
+            [SERVER],
+        ),
+    )
+    data_dir: str = field(
+        default="./hangwatch-data",
+        metadata=_opt(
+            "Coordinator state: SQLite incident store and incident bundles.",
+            [SERVER, DEMO],
         ),
     )
     analyzer_memory_mb: int = field(
         default=8192,
         metadata=_opt(
-            "--analyzer-memory-mb",
-            env.HANGWATCH_ANALYZER_MEMORY_MB,
             "Address-space cap of the coordinator's analyzer process, MiB: a hostile bundle fails its own analysis, never the coordinator (0 = no cap).",
-            [SERVER],
-        ),
-    )
-    notify_url: tuple[str, ...] = field(
-        default=(),
-        metadata=_opt(
-            "--notify-url",
-            env.HANGWATCH_NOTIFY_URL,
-            "Webhook the coordinator POSTs each incident change to (JSON, with a Slack-style"
-            " `text`); repeat the flag, or separate URLs by commas in the variable. Credentials"
-            " in the URL are sent, never logged.",
             [SERVER],
         ),
     )
     public_url: str | None = field(
         default=None,
         metadata=_opt(
-            "--public-url",
-            env.HANGWATCH_PUBLIC_URL,
             "Dashboard address people can open, for the links in notifications (default: the"
             " HTTP address the coordinator bound, with the host name for a wildcard address).",
+            [SERVER],
+        ),
+    )
+
+
+@dataclass(kw_only=True)
+class DetectSection:
+    """When the coordinator calls a hang, and how much it collects."""
+
+    stall_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "Seconds a group may sit with some members in a collective others have not entered before an incident starts.",
+            [SERVER, DEMO],
+        ),
+    )
+    startup_grace: float = field(
+        default=60.0,
+        metadata=_opt(
+            "Seconds a group's first collective may wait for members that have entered none yet"
+            " (ranks start at their own pace: imports, checkpoint loads) before an incident"
+            " starts; the stall timeout when that is longer.",
+            [SERVER],
+        ),
+    )
+    dump_deadline: float = field(
+        default=15.0,
+        metadata=_opt(
+            "Seconds the coordinator waits for every rank's dump before analysing what arrived.",
+            [SERVER, DEMO],
+        ),
+    )
+    full_dump_max_ranks: int = field(
+        default=256,
+        metadata=_opt(
+            "Incidents of up to this many ranks collect every rank's full FR dump at once. Larger"
+            " ones collect FR tails first (one stream per node) and then the full dumps of the"
+            " lagging ranks; the rest stay on the nodes.",
+            [SERVER],
+        ),
+    )
+    tail_context: int = field(
+        default=8,
+        metadata=_opt(
+            "Finished FR entries per process group kept before a rank's oldest unfinished one"
+            " when an incident collects tails.",
+            [SERVER],
+        ),
+    )
+    agent_lost_timeout: float = field(
+        default=10.0,
+        metadata=_opt(
+            "Seconds without a report before an agent's ranks are marked unobserved.",
+            [SERVER, DEMO],
+        ),
+    )
+
+
+@dataclass(kw_only=True)
+class RespondSection:
+    """What the coordinator does about a hang besides recording it."""
+
+    notify_url: tuple[str, ...] = field(
+        default=(),
+        metadata=_opt(
+            "Webhook the coordinator POSTs each incident change to (JSON, with a Slack-style"
+            " `text`); repeat the flag, or separate URLs by commas in the variable. Credentials"
+            " in the URL are sent, never logged.",
             [SERVER],
         ),
     )
     on_hang: str = field(
         default=OBSERVE,
         metadata=_opt(
-            "--on-hang",
-            env.HANGWATCH_ON_HANG,
             "observe or abort. abort: once a hang's dumps are stored and analysed, end the job's"
             " ranks (SIGTERM, then SIGKILL) so its launcher restarts it.",
             [SERVER, AGENT],
@@ -284,8 +286,6 @@ class Config:
     abort_grace: float = field(
         default=10.0,
         metadata=_opt(
-            "--abort-grace",
-            env.HANGWATCH_ABORT_GRACE,
             "With --on-hang abort: seconds between SIGTERM and SIGKILL.",
             [SERVER],
         ),
@@ -293,8 +293,6 @@ class Config:
     exclude_command: str | None = field(
         default=None,
         metadata=_opt(
-            "--exclude-command",
-            env.HANGWATCH_EXCLUDE_COMMAND,
             "Command run on the coordinator host for each node of a hang's lagging ranks, e.g."
             " 'kubectl cordon {host}'. Split like a shell line once at start, then each word"
             " filled in from {host}, {node}, {ranks}, {incident}; never run by a shell.",
@@ -304,136 +302,10 @@ class Config:
     exclude_timeout: float = field(
         default=30.0,
         metadata=_opt(
-            "--exclude-timeout",
-            env.HANGWATCH_EXCLUDE_TIMEOUT,
             "Seconds one --exclude-command run may take before it is killed.",
             [SERVER],
         ),
     )
-    coordinator: str = field(
-        default="127.0.0.1:7451",
-        metadata=_opt(
-            "--coordinator",
-            env.HANGWATCH_COORDINATOR,
-            "HOST:PORT of the coordinator's gRPC endpoint.",
-            [AGENT, DEMO, RUN],
-        ),
-    )
-    run_dir: str = field(
-        default="./hangwatch-run",
-        metadata=_opt(
-            "--run-dir",
-            env.HANGWATCH_RUN_DIR,
-            "Node-local directory shared by hook and agent: rank-info files, worker sockets, FR dump files, bundles.",
-            [AGENT, RUN, HOOK, DEMO],
-        ),
-    )
-    poll_interval: float = field(
-        default=1.0,
-        metadata=_opt(
-            "--poll-interval",
-            env.HANGWATCH_POLL_INTERVAL,
-            "Seconds between the agent's FR progress polls.",
-            [AGENT, DEMO],
-        ),
-    )
-    node_id: str = field(
-        default_factory=socket.gethostname,
-        metadata=_opt(
-            "--node-id", env.HANGWATCH_NODE_ID, "Name this agent reports for its node.", [AGENT]
-        ),
-    )
-    max_buffered: int = field(
-        default=10_000,
-        metadata=_opt(
-            "--max-buffered",
-            env.HANGWATCH_MAX_BUFFERED,
-            "Most FR entries/events an agent holds while the coordinator is unreachable; oldest dropped first.",
-            [AGENT],
-        ),
-    )
-    keep_bundles: int = field(
-        default=20,
-        metadata=_opt(
-            "--keep-bundles",
-            env.HANGWATCH_KEEP_BUNDLES,
-            "Incident bundles an agent keeps in its run dir, newest first; older ones are deleted"
-            " (a bundle still being uploaded never is).",
-            [AGENT],
-        ),
-    )
-    fr_buffer_size: int = field(
-        default=2000,
-        metadata=_opt(
-            "--fr-buffer-size",
-            env.HANGWATCH_FR_BUFFER_SIZE,
-            "Default TORCH_FR_BUFFER_SIZE the hook sets when the job has none.",
-            [RUN, HOOK],
-        ),
-    )
-    pyspy: str = field(
-        default="py-spy",
-        metadata=_opt(
-            "--pyspy",
-            env.HANGWATCH_PYSPY,
-            "py-spy executable used when a rank cannot dump its own stacks.",
-            [AGENT],
-        ),
-    )
-    log_level: str = field(
-        default="info",
-        metadata=_opt(
-            "--log-level",
-            env.HANGWATCH_LOG_LEVEL,
-            "Logging level: debug, info, warning, error.",
-            [SERVER, AGENT, DEMO, RUN, HOOK],
-        ),
-    )
-
-    def validate(self, command: str) -> None:
-        """Refuse, with one line naming the setting, a config `command` cannot run with.
-
-        The one place the CLIs' rules live; raises ValueError.
-        """
-        positive = {
-            SERVER: (
-                "stall_timeout",
-                "startup_grace",
-                "dump_deadline",
-                "agent_lost_timeout",
-                "exclude_timeout",
-            ),
-            AGENT: ("poll_interval",),
-            DEMO: ("stall_timeout", "poll_interval"),
-        }.get(command, ())
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
-                )
-        if command == SERVER:
-            for url in self.notify_url:
-                check_http_url(url, "--notify-url")
-            if self.public_url:
-                check_http_url(self.public_url, "--public-url", credentials=False)
-        if command in (AGENT, DEMO, RUN) and self.coordinator:
-            check_hostport(self.coordinator, "--coordinator")
-        if self.on_hang not in ON_HANG:
-            raise ValueError(f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.on_hang!r}")
-        if command == SERVER:
-            if self.abort_grace < 0:
-                raise ValueError(f"--abort-grace must be 0 or more, got {self.abort_grace}")
-            self.exclude_argv()
-        if command in (SERVER, AGENT):
-            try:
-                token = self.resolved_token()
-            except OSError as e:
-                raise ValueError(f"cannot read the token: {e}") from e
-            if command == SERVER and not is_loopback(self.host) and not token and not self.insecure:
-                raise ValueError(
-                    f"refusing to bind non-loopback host {self.host} without a token "
-                    f"(set {env.HANGWATCH_TOKEN} or --token-file, or pass --insecure)"
-                )
 
     def exclude_argv(self) -> tuple[str, ...]:
         """--exclude-command split into words once; () when unset. Raises
@@ -461,20 +333,193 @@ class Config:
                     )
         return argv
 
-    def resolved_token(self) -> str | None:
-        """The token from the env var or the token file; the env var wins."""
-        if self.token:
-            return self.token.strip() or None
-        if self.token_file:
-            with open(self.token_file, encoding="utf-8") as f:
-                tok = f.read().strip()
-            if not tok:
-                raise ValueError(f"token file {self.token_file} is empty")
-            return tok
-        return None
+
+@dataclass(kw_only=True)
+class AgentSection:
+    """The node agent: where it reports, what it watches, what it keeps."""
+
+    coordinator: str = field(
+        default="127.0.0.1:7451",
+        metadata=_opt(
+            "HOST:PORT of the coordinator's gRPC endpoint.",
+            [AGENT, DEMO, RUN],
+        ),
+    )
+    run_dir: str = field(
+        default="./hangwatch-run",
+        metadata=_opt(
+            "Node-local directory shared by hook and agent: rank-info files, worker sockets, FR dump files, bundles.",
+            [AGENT, RUN, HOOK, DEMO],
+        ),
+    )
+    poll_interval: float = field(
+        default=1.0,
+        metadata=_opt(
+            "Seconds between the agent's FR progress polls.",
+            [AGENT, DEMO],
+        ),
+    )
+    node_id: str = field(
+        default_factory=socket.gethostname,
+        metadata=_opt(
+            "Name this agent reports for its node.",
+            [AGENT],
+        ),
+    )
+    max_buffered: int = field(
+        default=10_000,
+        metadata=_opt(
+            "Most FR entries/events an agent holds while the coordinator is unreachable; oldest dropped first.",
+            [AGENT],
+        ),
+    )
+    keep_bundles: int = field(
+        default=20,
+        metadata=_opt(
+            "Incident bundles an agent keeps in its run dir, newest first; older ones are deleted"
+            " (a bundle still being uploaded never is).",
+            [AGENT],
+        ),
+    )
+    pyspy: str = field(
+        default="py-spy",
+        metadata=_opt(
+            "py-spy executable used when a rank cannot dump its own stacks.",
+            [AGENT],
+        ),
+    )
 
 
-FIELDS: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Config)
+@dataclass(kw_only=True)
+class HookSection:
+    """The hook inside each rank."""
+
+    fr_buffer_size: int = field(
+        default=2000,
+        metadata=_opt(
+            "Default TORCH_FR_BUFFER_SIZE the hook sets when the job has none.",
+            [RUN, HOOK],
+        ),
+    )
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Every section, once. Build one with `Config.of(name=value, ...)` (tests, the
+    demo) or `from_sources` (the CLIs)."""
+
+    job: JobSection = field(default_factory=JobSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    serve: ServeSection = field(default_factory=ServeSection)
+    detect: DetectSection = field(default_factory=DetectSection)
+    respond: RespondSection = field(default_factory=RespondSection)
+    agent: AgentSection = field(default_factory=AgentSection)
+    hook: HookSection = field(default_factory=HookSection)
+
+    @classmethod
+    def of(cls, **settings: Any) -> Config:
+        """A Config from settings named as fields (`stall_timeout=2.0`), each put in
+        its section; an unknown name is a TypeError, as for a dataclass."""
+        parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        for name, value in settings.items():
+            if name not in SECTION_OF:
+                raise TypeError(f"unknown setting {name!r}")
+            parts[SECTION_OF[name]][name] = value
+        return cls(**{s: SECTIONS[s](**kw) for s, kw in parts.items()})
+
+    def value(self, name: str) -> Any:
+        """A setting by its field name, whichever section holds it."""
+        return getattr(getattr(self, SECTION_OF[name]), name)
+
+    def validate(self, command: str) -> None:
+        """Refuse, with one line naming the setting, a config `command` cannot run with.
+
+        The one place the CLIs' rules live; raises ValueError.
+        """
+        positive = {
+            SERVER: (
+                "stall_timeout",
+                "startup_grace",
+                "dump_deadline",
+                "agent_lost_timeout",
+                "exclude_timeout",
+            ),
+            AGENT: ("poll_interval",),
+            DEMO: ("stall_timeout", "poll_interval"),
+        }.get(command, ())
+        for name in positive:
+            if self.value(name) <= 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be positive, got {self.value(name)}"
+                )
+        if command == SERVER:
+            for url in self.respond.notify_url:
+                check_http_url(url, "--notify-url")
+            if self.serve.public_url:
+                check_http_url(self.serve.public_url, "--public-url", credentials=False)
+        if command in (AGENT, DEMO, RUN) and self.agent.coordinator:
+            check_hostport(self.agent.coordinator, "--coordinator")
+        if self.respond.on_hang not in ON_HANG:
+            raise ValueError(
+                f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.respond.on_hang!r}"
+            )
+        if command == SERVER:
+            if self.respond.abort_grace < 0:
+                raise ValueError(f"--abort-grace must be 0 or more, got {self.respond.abort_grace}")
+            self.respond.exclude_argv()
+        if command in (SERVER, AGENT):
+            try:
+                token = self.auth.resolved_token()
+            except OSError as e:
+                raise ValueError(f"cannot read the token: {e}") from e
+            if (
+                command == SERVER
+                and not is_loopback(self.serve.host)
+                and not token
+                and not self.auth.insecure
+            ):
+                raise ValueError(
+                    f"refusing to bind non-loopback host {self.serve.host} without a token "
+                    f"(set {env_var('token')} or --token-file, or pass --insecure)"
+                )
+
+
+# Section attribute -> its dataclass, in the order the reference lists them.
+SECTIONS: dict[str, type[Any]] = {
+    "job": JobSection,
+    "auth": AuthSection,
+    "serve": ServeSection,
+    "detect": DetectSection,
+    "respond": RespondSection,
+    "agent": AgentSection,
+    "hook": HookSection,
+}
+# Every setting, flat: field names are unique across sections (a test checks it).
+FIELDS: tuple[dataclasses.Field[Any], ...] = tuple(
+    f for section in SECTIONS.values() for f in dataclasses.fields(section)
+)
+SECTION_OF: dict[str, str] = {
+    f.name: attr for attr, section in SECTIONS.items() for f in dataclasses.fields(section)
+}
+
+
+def flag_of(f: dataclasses.Field[Any]) -> str | None:
+    """`--stall-timeout` for `stall_timeout`; None for a secret (environment only)."""
+    return None if f.metadata["secret"] else "--" + f.name.replace("_", "-")
+
+
+def env_of(f: dataclasses.Field[Any]) -> str:
+    """`HANGWATCH_STALL_TIMEOUT` for `stall_timeout`."""
+    return ENV_PREFIX + f.name.upper()
+
+
+def env_var(name: str) -> str:
+    """The variable of the setting `name` (a KeyError for a name that is no setting:
+    callers that hand a setting to a child process spell it by its field name)."""
+    return env_of(_BY_NAME[name])
+
+
+_BY_NAME: dict[str, dataclasses.Field[Any]] = {f.name: f for f in FIELDS}
 
 
 def _field_type(f: dataclasses.Field[Any]) -> str:
@@ -489,7 +534,7 @@ def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
             return True
         if v in ("0", "false", "no", "off", ""):
             return False
-        raise ValueError(f"{f.metadata['env']}={raw!r} is not a boolean")
+        raise ValueError(f"{env_of(f)}={raw!r} is not a boolean")
     if t.startswith("tuple"):
         return tuple(u.strip() for u in raw.split(",") if u.strip())
     if t.startswith("int"):
@@ -504,36 +549,36 @@ def add_arguments(
     command: str,
     defaults: Mapping[str, Any] | None = None,
 ) -> None:
-    """Add the flags of every Config field the command uses.
+    """Add the flags of every setting the command uses.
 
     `defaults`: the command's own defaults where they differ from Config's
     (the demo's short timeouts), so --help shows the value really in force.
     """
     for f in FIELDS:
         md = f.metadata
-        if command not in md["commands"] or md["flag"] is None:
+        flag = flag_of(f)
+        if command not in md["commands"] or flag is None:
             continue
         default = (defaults or {}).get(f.name, f.default)
         if default is dataclasses.MISSING:  # computed at run time (a default_factory)
             default = "the host name" if f.name == "node_id" else None
         shown = "" if md["secret"] or default in (None, "", False) else f"; default {default}"
-        help_text = f"{md['help_for'].get(command, md['help'])} [env {md['env']}{shown}]"
+        help_text = f"{md['help_for'].get(command, md['help'])} [env {env_of(f)}{shown}]"
         if _field_type(f).startswith("bool"):
             parser.add_argument(
-                md["flag"], dest=f.name, action="store_true", default=None, help=help_text
+                flag, dest=f.name, action="store_true", default=None, help=help_text
             )
         elif _field_type(f).startswith("tuple"):
             parser.add_argument(
-                md["flag"], dest=f.name, action="append", default=None, metavar="URL",
-                help=help_text,
-            )  # fmt: skip
+                flag, dest=f.name, action="append", default=None, metavar="URL", help=help_text
+            )
         elif md["choices"]:
             parser.add_argument(
-                md["flag"], dest=f.name, default=None, choices=md["choices"], help=help_text
+                flag, dest=f.name, default=None, choices=md["choices"], help=help_text
             )
         else:
             parser.add_argument(
-                md["flag"], dest=f.name, default=None, metavar=f.name.upper(), help=help_text
+                flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text
             )
 
 
@@ -546,19 +591,18 @@ def from_sources(
     environ = os.environ if environ is None else environ
     kwargs: dict[str, Any] = {}
     for f in FIELDS:
-        md = f.metadata
         if f.name in overrides:
             kwargs[f.name] = overrides[f.name]
             continue
         cli_val = getattr(ns, f.name, None) if ns is not None else None
-        raw: Any = cli_val if cli_val is not None else environ.get(md["env"])
+        raw: Any = cli_val if cli_val is not None else environ.get(env_of(f))
         if raw is None:
             continue
         if isinstance(raw, list):  # a repeatable flag: each use may itself be a list
             kwargs[f.name] = tuple(v for item in raw for v in _convert(f, str(item)))
             continue
         kwargs[f.name] = raw if isinstance(raw, bool) else _convert(f, str(raw))
-    return Config(**kwargs)
+    return Config.of(**kwargs)
 
 
 def explicitly_set(
@@ -566,8 +610,7 @@ def explicitly_set(
 ) -> bool:
     """Whether a setting came from its flag or its env var rather than the default."""
     environ = os.environ if environ is None else environ
-    f = next(f for f in FIELDS if f.name == name)
-    return (ns is not None and getattr(ns, name, None) is not None) or f.metadata["env"] in environ
+    return (ns is not None and getattr(ns, name, None) is not None) or env_var(name) in environ
 
 
 def markdown() -> str:
@@ -577,19 +620,28 @@ def markdown() -> str:
         "",
         "Generated by `python -m hangwatch.config > docs/configuration.md`; a test fails when",
         "this file and `hangwatch/config.py` disagree. Precedence: CLI flag > environment > default.",
-        "",
-        "| Setting | CLI flag | Environment variable | Default | Used by | Meaning |",
-        "|---|---|---|---|---|---|",
+        "Each setting is spelled once, as a field of one section of `hangwatch.config.Config`:",
+        "its flag is `--` and its name with dashes, its variable `HANGWATCH_` and its name in capitals.",
     ]
-    for f in FIELDS:
-        md = f.metadata
-        if f.default is not dataclasses.MISSING:
-            default = "(unset)" if f.default in (None, ()) else f"`{f.default}`"
-        else:
-            default = "(host name)" if f.name == "node_id" else "(computed)"
-        flag = f"`{md['flag']}`" if md["flag"] else "(env only)"
-        used = ", ".join(sorted(md["commands"]))
-        lines.append(f"| `{f.name}` | {flag} | `{md['env']}` | {default} | {used} | {md['help']} |")
+    for attr, section in SECTIONS.items():
+        lines += [
+            "",
+            f"## `{attr}`: {section.__doc__}",
+            "",
+            "| Setting | CLI flag | Environment variable | Default | Used by | Meaning |",
+            "|---|---|---|---|---|---|",
+        ]
+        for f in dataclasses.fields(section):
+            md = f.metadata
+            if f.default is not dataclasses.MISSING:
+                default = "(unset)" if f.default in (None, ()) else f"`{f.default}`"
+            else:
+                default = "(host name)" if f.name == "node_id" else "(computed)"
+            flag = f"`{flag_of(f)}`" if flag_of(f) else "(env only)"
+            used = ", ".join(sorted(md["commands"]))
+            lines.append(
+                f"| `{f.name}` | {flag} | `{env_of(f)}` | {default} | {used} | {md['help']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

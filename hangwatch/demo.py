@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch import config as cfg
-from hangwatch import env
 from hangwatch.formats import ServerInfo
 from hangwatch.testing.backends import BACKENDS
 
@@ -126,7 +125,7 @@ def _config(ns: argparse.Namespace) -> cfg.Config:
     overrides: dict[str, Any] = {k: v for k, v in DEMO_DEFAULTS.items() if not _explicit(ns, k)}
     conf = cfg.from_sources(ns, os.environ, **overrides)
     if not _explicit(ns, "job_id"):
-        conf.job_id = f"demo-{ns.scenario}-{os.getpid()}"
+        conf.job.job_id = f"demo-{ns.scenario}-{os.getpid()}"
     return conf
 
 
@@ -146,8 +145,8 @@ def _start_server(conf: cfg.Config, data_dir: Path, logs: Path) -> Coordinator:
     cmd = [
         sys.executable, "-m", "hangwatch", "server",
         "--grpc-port", "0", "--http-port", "0", "--data-dir", str(data_dir),
-        "--stall-timeout", str(conf.stall_timeout), "--dump-deadline", str(conf.dump_deadline),
-        "--agent-lost-timeout", str(conf.agent_lost_timeout), "--log-level", conf.log_level,
+        "--stall-timeout", str(conf.detect.stall_timeout), "--dump-deadline", str(conf.detect.dump_deadline),
+        "--agent-lost-timeout", str(conf.detect.agent_lost_timeout), "--log-level", conf.job.log_level,
     ]  # fmt: skip
     log = (logs / "server.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -172,13 +171,13 @@ def _ask_coordinator(conf: cfg.Config) -> str:
 
     from hangwatch.wire import pb, rpc
 
-    with grpc.insecure_channel(conf.coordinator) as ch:
+    with grpc.insecure_channel(conf.agent.coordinator) as ch:
         health = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
     url = getattr(health, "dashboard_url", "")
     if not url:
-        raise RuntimeError(f"coordinator {conf.coordinator} did not report its dashboard URL")
+        raise RuntimeError(f"coordinator {conf.agent.coordinator} did not report its dashboard URL")
     if health.stall_timeout_s > 0:
-        conf.stall_timeout = float(health.stall_timeout_s)
+        conf.detect.stall_timeout = float(health.stall_timeout_s)
     return str(url)
 
 
@@ -266,21 +265,21 @@ def _run(ns: argparse.Namespace) -> int:
         conf.validate(cfg.DEMO)
         scenario = get_scenario(ns.scenario).for_backend(ns.backend)
         scenario.check_world(ns.ranks)
-        token = conf.resolved_token()
+        token = conf.auth.resolved_token()
     except (ValueError, OSError) as e:
         print(f"hangwatch demo: {e}", file=sys.stderr)
         return EXIT_USAGE
     quiet = ns.json
     work = Path(tempfile.mkdtemp(prefix="hangwatch-demo-"))
-    data_dir = Path(conf.data_dir) if _explicit(ns, "data_dir") else work / "data"
-    run_dir = Path(conf.run_dir) if _explicit(ns, "run_dir") else work / "run"
+    data_dir = Path(conf.serve.data_dir) if _explicit(ns, "data_dir") else work / "data"
+    run_dir = Path(conf.agent.run_dir) if _explicit(ns, "run_dir") else work / "run"
     logs = work / "logs"
     for d in (data_dir, run_dir, logs):
         d.mkdir(parents=True, exist_ok=True)
 
     with ExitStack() as stack:
         if _explicit(ns, "coordinator"):
-            coord = Coordinator(grpc=conf.coordinator, http=_ask_coordinator(conf), proc=None)
+            coord = Coordinator(grpc=conf.agent.coordinator, http=_ask_coordinator(conf), proc=None)
         else:
             coord = _start_server(conf, data_dir, logs)
             if not ns.keep and coord.proc is not None:
@@ -288,14 +287,14 @@ def _run(ns: argparse.Namespace) -> int:
         _say(quiet, f"coordinator grpc={coord.grpc} dashboard={coord.http}")
 
         child_env = {
-            env.HANGWATCH_RUN_DIR: str(run_dir),
-            env.HANGWATCH_JOB_ID: conf.job_id,
-            env.HANGWATCH_COORDINATOR: coord.grpc,
+            cfg.env_var("run_dir"): str(run_dir),
+            cfg.env_var("job_id"): conf.job.job_id,
+            cfg.env_var("coordinator"): coord.grpc,
         }
         agent_cmd = [
             sys.executable, "-m", "hangwatch", "agent",
-            "--coordinator", coord.grpc, "--run-dir", str(run_dir), "--job-id", conf.job_id,
-            "--poll-interval", str(conf.poll_interval), "--log-level", conf.log_level,
+            "--coordinator", coord.grpc, "--run-dir", str(run_dir), "--job-id", conf.job.job_id,
+            "--poll-interval", str(conf.agent.poll_interval), "--log-level", conf.job.log_level,
         ]  # fmt: skip
         agent_log = (logs / "agent.log").open("wb")
         agent = subprocess.Popen(
@@ -319,7 +318,7 @@ def _run(ns: argparse.Namespace) -> int:
         api = Api(coord.http, token)
         # A shared coordinator (--coordinator, same --job-id) may hold incidents
         # of earlier runs: only ones that appear after this point are ours.
-        before = _incident_ids(api, conf.job_id)
+        before = _incident_ids(api, conf.job.job_id)
         try:
             job = launch_job(
                 scenario,
@@ -366,15 +365,15 @@ def _observe(
         job.wait(timeout=ns.timeout)
         job.check_no_crash()
         # A healthy job must not raise an alarm, even after the stall timeout.
-        time.sleep(conf.stall_timeout + 2 * conf.poll_interval)
-        items = _new_incidents(api, conf.job_id, before)
+        time.sleep(conf.detect.stall_timeout + 2 * conf.agent.poll_interval)
+        items = _new_incidents(api, conf.job.job_id, before)
         if ns.json:
             print(
                 json.dumps(
                     {
                         "scenario": "healthy",
                         "incidents": items,
-                        "stall_timeout_s": conf.stall_timeout,
+                        "stall_timeout_s": conf.detect.stall_timeout,
                     }
                 )
             )
@@ -385,8 +384,11 @@ def _observe(
         return EXIT_NO_INCIDENT if items else 0
 
     fault_unix = job.wait_fault_injected(timeout=60)
-    _say(quiet, f"fault injected; waiting for the verdict (stall timeout {conf.stall_timeout:g} s)")
-    incident = _wait_incident(api, conf.job_id, ns.timeout, alive, before)
+    _say(
+        quiet,
+        f"fault injected; waiting for the verdict (stall timeout {conf.detect.stall_timeout:g} s)",
+    )
+    incident = _wait_incident(api, conf.job.job_id, ns.timeout, alive, before)
     if incident is None:
         raise RuntimeError(f"no incident within {ns.timeout:g} s")
     detection_s = incident["updated"] - fault_unix
@@ -398,7 +400,7 @@ def _observe(
         detection_s=round(detection_s, 3),
         incident_created_unix=incident["created"],
         incident_analysed_unix=incident["updated"],
-        stall_timeout_s=conf.stall_timeout,
+        stall_timeout_s=conf.detect.stall_timeout,
         ranks_dumped=incident["ranks_dumped"],
         ranks_unreachable={str(k): v for k, v in incident["ranks_unreachable"].items()},
     )

@@ -142,13 +142,13 @@ def attach(
                 overrides["fr_buffer_size"] = fr_buffer_size
             cfg = config_mod.from_sources(None, environ, **overrides)
             st = _State(
-                run_dir=os.path.abspath(cfg.run_dir),
-                job_id=cfg.job_id,
+                run_dir=os.path.abspath(cfg.agent.run_dir),
+                job_id=cfg.job.job_id,
                 force_thread_server=force_thread_server,
                 owner_pid=os.getpid(),
             )
             _state = st
-            _set_env_defaults(st, environ, cfg.fr_buffer_size)
+            _set_env_defaults(st, environ, cfg.hook.fr_buffer_size)
             _install_excepthooks()
             if _C10D in sys.modules:
                 _patch_c10d(sys.modules[_C10D])

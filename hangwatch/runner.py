@@ -32,10 +32,10 @@ def child_environ(cfg: config_mod.Config, environ: Mapping[str, str]) -> dict[st
     parts = [p for p in out.get(env.PYTHONPATH, "").split(os.pathsep) if p and p != shim]
     out[env.PYTHONPATH] = os.pathsep.join([shim, *parts])
     out[env.HANGWATCH_AUTOATTACH] = "1"
-    out[env.HANGWATCH_RUN_DIR] = os.path.abspath(cfg.run_dir)
-    out[env.HANGWATCH_JOB_ID] = cfg.job_id
-    out[env.HANGWATCH_FR_BUFFER_SIZE] = str(cfg.fr_buffer_size)
-    out[env.HANGWATCH_LOG_LEVEL] = cfg.log_level
+    out[config_mod.env_var("run_dir")] = os.path.abspath(cfg.agent.run_dir)
+    out[config_mod.env_var("job_id")] = cfg.job.job_id
+    out[config_mod.env_var("fr_buffer_size")] = str(cfg.hook.fr_buffer_size)
+    out[config_mod.env_var("log_level")] = cfg.job.log_level
     return out
 
 
@@ -71,7 +71,7 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError as e:
         sys.stderr.write(f"hangwatch run: {e}\n")
         return 2
-    os.makedirs(os.path.abspath(cfg.run_dir), exist_ok=True)
+    os.makedirs(os.path.abspath(cfg.agent.run_dir), exist_ok=True)
     child_env = child_environ(cfg, os.environ)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,7 +9,6 @@ from typing import Any
 
 from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.store import IncidentStore
-from hangwatch.server.integrations.gauges import LiveGauges
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import StragglerMonitor
@@ -24,15 +23,9 @@ class ServerContext:
     registry: JobRegistry
     data_dir: Path
     metrics: Metrics
-    grpc_address: str = ""  # "host:port" once bound
-    http_address: str = ""  # "http://host:port" once bound
+    grpc_address: str  # "host:port": the context is built once both are bound
+    http_address: str = ""  # "http://host:port"
     stragglers: StragglerMonitor | None = None
     # Builds a bundle's trace-event document; the coordinator's runs in its
     # capped analyzer process (None: in this process, for harnesses without one).
     trace: Callable[[Path, Report | None], dict[str, Any]] | None = None
-
-    def __post_init__(self) -> None:
-        # /metrics serves what this context sees: its registry, store, stragglers, settings.
-        self.metrics.add_collector(
-            LiveGauges(self.registry, self.store, self.config, stragglers=lambda: self.stragglers)
-        )

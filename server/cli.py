@@ -15,7 +15,6 @@ import sys
 from typing import Any, Final
 
 from hangwatch import config as cfg
-from hangwatch import env
 from hangwatch.lifecycle import ShutdownSignals, configure_logging
 
 EXIT_USAGE: Final = 2
@@ -30,7 +29,7 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "Run the coordinator: agents stream progress to it over gRPC; it detects stalls, "
             "collects a dump from every rank, analyses them and serves the dashboard. "
-            f"The token comes from {env.HANGWATCH_TOKEN} or --token-file; Health is served without it."
+            f"The token comes from {cfg.env_var('token')} or --token-file; Health is served without it."
         ),
     )
     cfg.add_arguments(p, cfg.SERVER)
@@ -48,17 +47,17 @@ def run(ns: argparse.Namespace) -> int:
         conf.validate(cfg.SERVER)
     except ValueError as e:
         return _refuse(f"bad setting: {e}")
-    configure_logging(conf.log_level)
+    configure_logging(conf.job.log_level)
     from hangwatch.server.runtime import ServerRuntime, StartError
 
     with ShutdownSignals("hangwatch server") as stop:
-        runtime = ServerRuntime(conf)
         try:
+            runtime = ServerRuntime(conf, stop)
             info = runtime.start()
         except StartError as e:
             return _refuse(str(e))
         print(f"hangwatch server: grpc={info.grpc} http={info.http}", flush=True)
         try:
-            return runtime.serve(stop)
+            return runtime.serve()
         finally:
             runtime.shutdown()

@@ -10,11 +10,13 @@ import dataclasses
 import logging
 import threading
 import urllib.parse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
-from hangwatch.server.app_state import ServerContext
+from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ActionRecord
 from hangwatch.server.incidents.analysis import IsolatedAnalyzer
 from hangwatch.server.incidents.finalize import Analyze
@@ -23,10 +25,12 @@ from hangwatch.server.incidents.store import IncidentRow, IncidentStore
 from hangwatch.server.ingest.service import CoordinatorService, TokenAuth
 from hangwatch.server.ingest.uploads import MAX_FILE_BYTES
 from hangwatch.server.integrations.actions import ActionPolicy, ActionRunner
+from hangwatch.server.integrations.gauges import LiveGauges
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.integrations.notifications import Notifier, dashboard_base
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
+from hangwatch.server.workers import Worker, Workers, executor_threads
 
 from hangwatch.config import Config
 from hangwatch.wire import rpc
@@ -42,13 +46,13 @@ def hostport(host: str, port: int) -> str:
 
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     """TLS when a cert and key are configured; with a CA, clients must present a cert."""
-    if not (config.tls_cert or config.tls_key):
+    if not (config.auth.tls_cert or config.auth.tls_key):
         return None
-    if not (config.tls_cert and config.tls_key):
+    if not (config.auth.tls_cert and config.auth.tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
-    key = Path(config.tls_key).read_bytes()
-    cert = Path(config.tls_cert).read_bytes()
-    ca = Path(config.tls_ca).read_bytes() if config.tls_ca else None
+    key = Path(config.auth.tls_key).read_bytes()
+    cert = Path(config.auth.tls_cert).read_bytes()
+    ca = Path(config.auth.tls_ca).read_bytes() if config.auth.tls_ca else None
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
     )
@@ -56,8 +60,8 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
 
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
     return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.auth.max_message_bytes),
+        ("grpc.max_send_message_length", config.auth.max_message_bytes),
         # Find dead agents' streams without waiting for TCP timeouts, and let
         # agents keep idle command streams alive with their own pings.
         ("grpc.keepalive_time_ms", 30_000),
@@ -69,6 +73,10 @@ def grpc_options(config: Config) -> list[tuple[str, Any]]:
     ]
 
 
+def _nothing() -> None:
+    return None
+
+
 class Coordinator:
     def __init__(
         self,
@@ -77,27 +85,38 @@ class Coordinator:
         analyze: Analyze | None = None,
         max_file_bytes: int = MAX_FILE_BYTES,
         tick_s: float | None = None,
+        http_address: str = "",
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """`http_address`: the dashboard's, bound before the coordinator is built
+        (links and Health name it). `clock`: the registry's monotonic clock; a
+        coordinator on a caller's clock starts no ticker, the caller ticks it."""
         self.config = config
-        self.data_dir = Path(config.data_dir).resolve()
+        self.http_address = http_address
+        self.data_dir = Path(config.serve.data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.token = config.resolved_token()
+        self.token = config.auth.resolved_token()
         self.store = IncidentStore.in_dir(self.data_dir)
         self.metrics = Metrics()
         # Built with no webhooks too, so that anything may publish to it.
-        self.notifier = Notifier(config.notify_url, metrics=self.metrics, link=self.incident_url)
-        if config.notify_url:
+        self.notifier = Notifier(
+            config.respond.notify_url, metrics=self.metrics, link=self.incident_url
+        )
+        if config.respond.notify_url:
             self.store.on_status_change.append(self.notifier.publish_incident)
         self.registry = JobRegistry(
-            agent_lost_timeout=config.agent_lost_timeout,
-            stall_timeout=config.stall_timeout,
-            startup_grace=config.startup_grace,
+            agent_lost_timeout=config.detect.agent_lost_timeout,
+            stall_timeout=config.detect.stall_timeout,
+            startup_grace=config.detect.startup_grace,
+            **({"clock": clock} if clock is not None else {}),
         )
         # Agents' bundles are untrusted: by default analyse them in a capped
         # child process (tests may pass an in-process analyze instead).
         self._isolated: IsolatedAnalyzer | None = None
         if analyze is None:
-            self._isolated = IsolatedAnalyzer(memory_limit_bytes=config.analyzer_memory_mb << 20)
+            self._isolated = IsolatedAnalyzer(
+                memory_limit_bytes=config.serve.analyzer_memory_mb << 20
+            )
             analyze = self._isolated
         self.actions = ActionRunner(
             ActionPolicy.from_config(config),
@@ -110,16 +129,16 @@ class Coordinator:
             store=self.store,
             registry=self.registry,
             metrics=self.metrics,
-            stall_timeout=config.stall_timeout,
-            dump_deadline=config.dump_deadline,
+            stall_timeout=config.detect.stall_timeout,
+            dump_deadline=config.detect.dump_deadline,
             analyze=analyze,
             tick_s=tick_s,
-            full_dump_max_ranks=config.full_dump_max_ranks,
-            tail_context=config.tail_context,
+            full_dump_max_ranks=config.detect.full_dump_max_ranks,
+            tail_context=config.detect.tail_context,
             on_analyzed=self.actions.on_analyzed,
         )
         self.stragglers = StragglerMonitor(
-            tick_s=config.poll_interval, on_flag=self._straggler_flagged
+            tick_s=config.agent.poll_interval, on_flag=self._straggler_flagged
         )
         self.service = CoordinatorService(
             registry=self.registry,
@@ -129,24 +148,72 @@ class Coordinator:
             actions=self.actions,
             metrics=self.metrics,
             max_file_bytes=max_file_bytes,
+            dashboard_url=http_address,
         )
-        self.context = ServerContext(
-            config=config,
-            store=self.store,
-            registry=self.registry,
-            data_dir=self.data_dir,
-            metrics=self.metrics,
-            stragglers=self.stragglers,
-            trace=self._isolated.trace if self._isolated is not None else None,
+        # /metrics serves what this coordinator sees: registry, store, stragglers, settings.
+        self.metrics.add_collector(
+            LiveGauges(self.registry, self.store, config, stragglers=lambda: self.stragglers)
         )
+        self._scoring_stop = threading.Event()
         self._scoring = threading.Thread(
             target=self._score_stragglers, name="hangwatch-stragglers", daemon=True
         )
-        self._scoring_stop = threading.Event()
         self.grpc_port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = asyncio.new_event_loop()
+        # The handlers' blocking work (SQLite, bundle files: asyncio.to_thread)
+        # runs on this pool, made here so that its threads are declared.
+        self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hangwatch-grpc-io")
+        self._loop.set_default_executor(self._io_pool)
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="hangwatch-grpc", daemon=True
+        )
         self._server: grpc.aio.Server | None = None
+        self._start_timeout_s = 15.0
+        self._grace_s = 3.0
+        ticker = clock is None
+        # Declared order: what everything else relies on first, the intake
+        # (gRPC) last, so a stop, in reverse, ends the intake before the rest.
+        self.workers = Workers(
+            [
+                Worker(
+                    name="analyzer",
+                    start=self._isolated.warm if self._isolated else _nothing,
+                    stop=lambda left: self._isolated.close() if self._isolated else None,
+                    threads=lambda: self._isolated.threads() if self._isolated else [],
+                ),
+                Worker(
+                    name="notifier",
+                    start=self.notifier.start,
+                    stop=self.notifier.stop,
+                    threads=self.notifier.threads,
+                ),
+                Worker(
+                    name="actions",
+                    start=_nothing,
+                    stop=lambda left: self.actions.close(),
+                    threads=self.actions.threads,
+                ),
+                Worker(
+                    name="incidents",
+                    # Recovered incidents publish their verdicts: after the notifier.
+                    start=lambda: self.incidents.start(ticker=ticker),
+                    stop=self.incidents.stop,
+                    threads=self.incidents.threads,
+                ),
+                Worker(
+                    name="stragglers",
+                    start=self._scoring.start,
+                    stop=self._stop_scoring,
+                    threads=lambda: [self._scoring],
+                ),
+                Worker(
+                    name="grpc",
+                    start=self._start_grpc,
+                    stop=self._stop_grpc,
+                    threads=lambda: [self._loop_thread, *executor_threads(self._io_pool)],
+                ),
+            ]
+        )
         self._stopped = False
 
     def _score_stragglers(self) -> None:
@@ -159,7 +226,7 @@ class Coordinator:
 
     def _straggler_flagged(self, job_id: str, s: Straggler) -> None:
         self.metrics.inc("hangwatch_stragglers_flagged_total")
-        base = dashboard_base(self.config.public_url, self.context.http_address)
+        base = dashboard_base(self.config.serve.public_url, self.http_address)
         url = f"{base}/jobs/{urllib.parse.quote(job_id, safe='')}"
         item = {"id": f"{job_id}/rank-{s.rank}", "job": job_id, **dataclasses.asdict(s), "url": url}
         self.notifier.publish(
@@ -181,39 +248,45 @@ class Coordinator:
 
     def incident_url(self, incident_id: str) -> str:
         """The incident's dashboard page, as people outside this host open it."""
-        base = dashboard_base(self.config.public_url, self.context.http_address)
+        base = dashboard_base(self.config.serve.public_url, self.http_address)
         return f"{base}/incidents/{incident_id}"
 
     @property
+    def trace(self) -> Callable[[Path, Report | None], dict[str, Any]] | None:
+        """Builds a bundle's trace-event document in the capped analyzer process
+        (None with an in-process analyze: the page builds it in-process)."""
+        return self._isolated.trace if self._isolated is not None else None
+
+    @property
     def grpc_address(self) -> str:
-        return hostport(self.config.host, self.grpc_port)
+        return hostport(self.config.serve.host, self.grpc_port)
 
     def start(self, timeout: float = 15.0) -> int:
-        """Bind and serve; returns the gRPC port."""
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="hangwatch-grpc", daemon=True)
-        self._thread.start()
+        """Start every worker in order; returns the gRPC port."""
+        self._start_timeout_s = timeout
         try:
-            self.grpc_port = asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout)
+            self.workers.start()
         except BaseException:
-            self._stop_loop()
             self.store.close()
             raise
-        self.context.grpc_address = self.grpc_address
-        if self._isolated is not None:
-            self._isolated.warm()
-        self.notifier.start()  # before incidents: recovered ones publish their verdicts
-        self.incidents.start()
-        self._scoring.start()
         log.info("gRPC serving on %s", self.grpc_address)
         return self.grpc_port
+
+    def _start_grpc(self) -> None:
+        self._loop_thread.start()
+        try:
+            self.grpc_port = asyncio.run_coroutine_threadsafe(self._astart(), self._loop).result(
+                self._start_timeout_s
+            )
+        except BaseException:
+            self._stop_loop(5.0)
+            raise
 
     async def _astart(self) -> int:
         interceptors = [TokenAuth(self.token, self.metrics)] if self.token else []
         server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.config))
         rpc.add_CoordinatorServicer_to_server(self.service, server)
-        addr = hostport(self.config.host, self.config.grpc_port)
+        addr = hostport(self.config.serve.host, self.config.serve.grpc_port)
         creds = server_credentials(self.config)
         port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
         if not port:
@@ -222,40 +295,44 @@ class Coordinator:
         self._server = server
         return port
 
-    def stop(self, grace: float = 3.0) -> None:
-        """Bounded: streams are told to end, calls get `grace` seconds, then cancelled."""
+    def stop(self, grace: float = 3.0, bound_s: float | None = None) -> None:
+        """Bounded: every worker, last started first, within `bound_s` (default
+        `grace` + 5 s) in all; gRPC calls in flight get `grace`, then are cancelled."""
         if self._stopped:
             return
         self._stopped = True
-        loop = self._loop
-        if loop is not None and self._server is not None:
-            self.service.stopping.set()
-            loop.call_soon_threadsafe(self.service.shutdown_streams)
-            try:
-                asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop).result(grace + 5)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                log.warning("gRPC server did not stop within %.1fs", grace + 5)
-        self.incidents.stop(timeout=grace)
-        self._scoring_stop.set()
-        if self._scoring.is_alive():
-            self._scoring.join(grace)
-        self.notifier.stop()
-        self.actions.close()
-        if self._isolated is not None:
-            self._isolated.close()
-        self._stop_loop()
+        self._grace_s = grace
+        self.workers.stop(grace + 5.0 if bound_s is None else bound_s)
         self.store.close()
 
-    def _stop_loop(self) -> None:
+    def _stop_grpc(self, left: float) -> None:
+        if self._server is not None:
+            self.service.stopping.set()
+            self._loop.call_soon_threadsafe(self.service.shutdown_streams)
+            grace = min(self._grace_s, left)
+            try:
+                asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result(
+                    max(0.1, left)
+                )
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.warning("gRPC server did not stop within %.1fs", left)
+        self._stop_loop(max(0.1, left))
+
+    def _stop_scoring(self, left: float) -> None:
+        self._scoring_stop.set()
+        if self._scoring.is_alive():
+            self._scoring.join(left)
+
+    def _stop_loop(self, left: float) -> None:
         loop = self._loop
-        if loop is None:
+        if loop.is_closed():
             return
         loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(5)
+        if self._loop_thread.is_alive():
+            self._loop_thread.join(left)
         if not loop.is_running():
             loop.close()
-        self._loop = None
+        self._io_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Coordinator:
         self.start()

@@ -1,11 +1,13 @@
 """The coordinator process: gRPC and HTTP started, served and shut down as one.
 
-`ServerRuntime(conf).start()` binds both ports (0 picks free ones), starts the
-gRPC coordinator and the dashboard (uvicorn on its own thread, which installs
-no signal handlers there: signals belong to the process's main loop), and
-writes `<data_dir>/server.json`. `serve(stop)` returns when `stop` is set or
-the HTTP server died; `shutdown()` is bounded: gRPC gets `GRPC_GRACE_S` to
-finish calls in flight, HTTP `HTTP_GRACE_S` to close.
+`ServerRuntime(conf, stop)` binds the HTTP port (0 picks a free one) and builds
+the coordinator whole; `start()` starts the coordinator's workers, then the
+dashboard (uvicorn on its own thread, which installs no signal handlers there:
+signals belong to the process's main thread), and writes
+`<data_dir>/server.json`. `serve()` returns when `stop` is set, by a signal
+handler or by the HTTP server ending on its own; `shutdown()` stops everything
+in reverse within `SHUTDOWN_BOUND_S`: gRPC gets `GRPC_GRACE_S` to finish calls
+in flight, HTTP what is left.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import threading
 import time
 from typing import Any, Final
 
+from hangwatch.server.app_state import ServerContext
 from hangwatch.server.coordinator import Coordinator, hostport
+from hangwatch.server.workers import Worker, Workers
 
 from hangwatch.config import Config
 from hangwatch.formats import ServerInfo
@@ -45,86 +49,148 @@ def bind_http(host: str, port: int) -> socket.socket:
 
 
 class ServerRuntime:
-    def __init__(self, conf: Config) -> None:
-        self.conf = conf
-        self.coord: Coordinator | None = None
-        self.info: ServerInfo | None = None
-        self._http_sock: socket.socket | None = None
-        self._uv: Any = None
-        self._http_thread: threading.Thread | None = None
+    """Both servers of one coordinator process, as two workers: the coordinator
+    (its own workers: analyzer, notifier, actions, incidents, stragglers, gRPC)
+    then HTTP, stopped in reverse under `SHUTDOWN_BOUND_S`.
 
-    def start(self) -> ServerInfo:
-        conf = self.conf
+    gRPC and HTTP keep an event loop each: grpc.aio and uvicorn each want to own
+    theirs, and a handler stuck on one (a slow SQLite write in an API call) must
+    not stall agents' reports on the other (docs/ARCHITECTURE.md)."""
+
+    SHUTDOWN_BOUND_S: Final = GRPC_GRACE_S + 5.0 + HTTP_GRACE_S
+
+    def __init__(self, conf: Config, stop: threading.Event) -> None:
+        """`stop`: set by the signal handlers; the HTTP server's own end sets it too."""
+        self.conf = conf
+        self.stop = stop
+        self.http_died = threading.Event()
+        self.info: ServerInfo | None = None
+        # Bound first: the coordinator is built knowing the dashboard's address.
         try:
-            self._http_sock = bind_http(conf.host, conf.http_port)
+            self._http_sock = bind_http(conf.serve.host, conf.serve.http_port)
         except OSError as e:
             raise StartError(
-                f"cannot bind HTTP on {hostport(conf.host, conf.http_port)}: {e}"
+                f"cannot bind HTTP on {hostport(conf.serve.host, conf.serve.http_port)}: {e}"
             ) from e
-        if conf.grpc_port:
+        self.http_address = "http://" + hostport(conf.serve.host, self._http_sock.getsockname()[1])
+        if conf.serve.grpc_port:
             # Probe the gRPC port the way the HTTP one is bound: taken, it is one
             # clean line, before gRPC's core logs its own and before the data
             # directory is created for a server that never ran.
             try:
-                bind_http(conf.host, conf.grpc_port).close()
+                bind_http(conf.serve.host, conf.serve.grpc_port).close()
             except OSError as e:
                 self._http_sock.close()
                 raise StartError(
-                    f"cannot bind gRPC on {hostport(conf.host, conf.grpc_port)}: {e}"
+                    f"cannot bind gRPC on {hostport(conf.serve.host, conf.serve.grpc_port)}: {e}"
                 ) from e
-        coord = Coordinator(conf)
+        self.coordinator = Coordinator(conf, http_address=self.http_address)
+        self._uv: Any = None
+        self._http_thread = threading.Thread(
+            target=self._serve_http, name="hangwatch-http", daemon=True
+        )
+        self.workers = Workers(
+            [
+                Worker(
+                    name="coordinator",
+                    start=self._start_coordinator,
+                    stop=lambda left: self.coordinator.stop(
+                        grace=min(GRPC_GRACE_S, left), bound_s=left
+                    ),
+                    threads=self.coordinator.workers.threads,
+                ),
+                Worker(
+                    name="http",
+                    start=self._start_http,
+                    stop=self._stop_http,
+                    threads=lambda: [self._http_thread],
+                ),
+            ]
+        )
+
+    def threads(self) -> list[threading.Thread]:
+        """Every thread this process's servers run now."""
+        return self.workers.threads()
+
+    def start(self) -> ServerInfo:
         try:
-            coord.start()
+            self.workers.start()
+        except StartError:
+            self._http_sock.close()
+            raise
         except Exception as e:
             self._http_sock.close()
-            raise StartError(
-                f"cannot start gRPC on {hostport(conf.host, conf.grpc_port)}: {e}"
-            ) from e
-        self.coord = coord
-
-        import uvicorn
-        from hangwatch.server.web.app import create_app
-
-        http_address = "http://" + hostport(conf.host, self._http_sock.getsockname()[1])
-        coord.context.http_address = http_address
-        coord.service.dashboard_url = http_address
-        self._uv = uvicorn.Server(
-            uvicorn.Config(
-                create_app(coord.context),
-                log_level=conf.log_level.lower(),
-                access_log=False,
-                lifespan="on",
-            )
-        )
-        self._http_thread = threading.Thread(
-            target=self._uv.run,
-            kwargs={"sockets": [self._http_sock]},
-            name="hangwatch-http",
-            daemon=True,
-        )
-        self._http_thread.start()
+            raise StartError(f"cannot start: {e}") from e
+        coord = self.coordinator
         self.info = ServerInfo(
-            grpc=coord.grpc_address, http=http_address, pid=os.getpid(), started_unix=time.time()
+            grpc=coord.grpc_address,
+            http=self.http_address,
+            pid=os.getpid(),
+            started_unix=time.time(),
         )
         self.info.write(coord.data_dir)
         return self.info
 
-    def serve(self, stop: threading.Event) -> int:
-        """Block until `stop` is set (0) or the HTTP server stopped by itself (1)."""
-        assert self._http_thread is not None, "start() first"
-        while not stop.wait(0.5):
-            if not self._http_thread.is_alive():
-                log.error("HTTP server stopped unexpectedly; shutting down")
-                return 1
+    def _start_coordinator(self) -> None:
+        conf = self.conf
+        try:
+            self.coordinator.start()
+        except Exception as e:
+            raise StartError(
+                f"cannot start gRPC on {hostport(conf.serve.host, conf.serve.grpc_port)}: {e}"
+            ) from e
+
+    def _start_http(self) -> None:
+        import uvicorn
+        from hangwatch.server.web.app import create_app
+
+        coord = self.coordinator
+        context = ServerContext(
+            config=self.conf,
+            store=coord.store,
+            registry=coord.registry,
+            data_dir=coord.data_dir,
+            metrics=coord.metrics,
+            grpc_address=coord.grpc_address,
+            http_address=self.http_address,
+            stragglers=coord.stragglers,
+            trace=coord.trace,
+        )
+        self._uv = uvicorn.Server(
+            uvicorn.Config(
+                create_app(context),
+                log_level=self.conf.job.log_level.lower(),
+                access_log=False,
+                lifespan="on",
+            )
+        )
+        self._http_thread.start()
+
+    def _serve_http(self) -> None:
+        try:
+            self._uv.run(sockets=[self._http_sock])
+        finally:
+            # Its own end, or the shutdown's: either way the process is done serving.
+            if not self.stop.is_set():
+                self.http_died.set()
+                self.stop.set()
+
+    def _stop_http(self, left: float) -> None:
+        if self._uv is not None:
+            self._uv.should_exit = True
+        if self._http_thread.is_alive():
+            self._http_thread.join(left)
+        self._http_sock.close()
+
+    def serve(self) -> int:
+        """Block until `stop` is set: 0, or 1 when the HTTP server ended by itself."""
+        self.stop.wait()
+        if self.http_died.is_set():
+            log.error("HTTP server stopped unexpectedly; shutting down")
+            return 1
         return 0
 
     def shutdown(self) -> None:
         log.info("shutting down")
-        if self._uv is not None:
-            self._uv.should_exit = True
-        if self.coord is not None:
-            self.coord.stop(grace=GRPC_GRACE_S)
-        if self._http_thread is not None:
-            self._http_thread.join(HTTP_GRACE_S)
-        if self._http_sock is not None:
-            self._http_sock.close()
+        self.stop.set()
+        self.workers.stop(self.SHUTDOWN_BOUND_S)

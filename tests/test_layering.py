@@ -89,8 +89,9 @@ def test_nothing_on_a_training_node_imports_a_dataframe_stack() -> None:
 # registry every part bumps: a leaf, importable from anywhere below the top.
 SERVER_LAYERS: dict[str, tuple[str, ...]] = {
     "live": (),
-    "incidents": ("live", "integrations.metrics"),
-    "integrations": ("live", "incidents"),
+    # `workers`: the thread-ownership primitive every layer's threads are declared with.
+    "incidents": ("live", "integrations.metrics", "workers"),
+    "integrations": ("live", "incidents", "workers"),
     "ingest": ("live", "incidents", "integrations"),
     "web": ("live", "incidents", "integrations", "app_state"),
 }

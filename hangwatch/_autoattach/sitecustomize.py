@@ -31,7 +31,7 @@ def _attach() -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(name)s pid %(process)d] %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(cfg.log_level.upper())
+        logger.setLevel(cfg.job.log_level.upper())
         logger.propagate = False
     hook.attach()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hangwatch.analyzer.report import Report
+from hangwatch.server.workers import executor_threads
 
 log = logging.getLogger("hangwatch.server")
 
@@ -108,6 +109,11 @@ class IsolatedAnalyzer:
                 self._pool = None
             raise RuntimeError(f"the analyzer process died building the trace: {e}") from e
         return out
+
+    def threads(self) -> list[threading.Thread]:
+        """The pool's threads in this process (its manager and its queue feeder)."""
+        with self._lock:
+            return executor_threads(self._pool)
 
     def close(self) -> None:
         with self._lock:

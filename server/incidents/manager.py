@@ -52,6 +52,7 @@ from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.detector import JobQuiet
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.views import StalledGroup
+from hangwatch.server.workers import executor_threads
 
 from hangwatch import formats
 from hangwatch.rankspec import format_ranks
@@ -113,10 +114,17 @@ class IncidentManager:
 
     # ---- lifecycle ----------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, ticker: bool = True) -> None:
+        """Recover what a previous run left, then tick on a thread of its own;
+        `ticker=False`: the caller ticks (a coordinator on a test's fake clock)."""
         self._recover()
         self._publish()
-        self._thread.start()
+        if ticker:
+            self._thread.start()
+
+    def threads(self) -> list[threading.Thread]:
+        """The ticker and the analysis pool's worker."""
+        return [self._thread, *executor_threads(self._pool)]
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()

@@ -119,6 +119,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
         max_file_bytes: int = MAX_FILE_BYTES,
         stragglers: StragglerMonitor | None = None,
         actions: ActionRunner | None = None,
+        dashboard_url: str = "",
     ) -> None:
         self.actions = actions
         self.registry = registry
@@ -133,8 +134,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self.group_sync = GroupSync(store.incidents_root)
         self._incident_keys: OrderedDict[str, tuple[str, frozenset[int]]] = OrderedDict()
         self.stopping = threading.Event()
-        # Set once the HTTP side is bound; Health reports it.
-        self.dashboard_url = ""
+        # The HTTP side is bound before the coordinator is built; Health reports it.
+        self.dashboard_url = dashboard_url
         self._streams: set[asyncio.Event] = set()
 
     def shutdown_streams(self) -> None:

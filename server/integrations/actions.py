@@ -38,8 +38,9 @@ from hangwatch.server.incidents.store import IncidentRow, IncidentStatus, Incide
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.commands import Command
 from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.workers import executor_threads
 
-from hangwatch import config, env
+from hangwatch import config
 from hangwatch.wire import pb
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,10 @@ class ActionPolicy:
     @classmethod
     def from_config(cls, c: config.Config) -> ActionPolicy:
         return cls(
-            on_hang=c.on_hang,
-            grace_s=c.abort_grace,
-            exclude_argv=c.exclude_argv(),
-            exclude_timeout_s=c.exclude_timeout,
+            on_hang=c.respond.on_hang,
+            grace_s=c.respond.abort_grace,
+            exclude_argv=c.respond.exclude_argv(),
+            exclude_timeout_s=c.respond.exclude_timeout,
         )
 
     @property
@@ -123,6 +124,9 @@ class ActionRunner:
         self._lock = threading.Lock()
         self._aborts: dict[str, _Abort] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangwatch-actions")
+
+    def threads(self) -> list[threading.Thread]:
+        return executor_threads(self._pool)
 
     def close(self) -> None:
         with self._lock:
@@ -377,7 +381,7 @@ def run_bounded(argv: list[str], timeout_s: float) -> tuple[int | None, str, str
     """Run argv (no shell), stdin closed, in its own session; keep the first
     MAX_OUTPUT_BYTES of stdout and stderr together. (returncode, output, why
     it failed to run or finish: "" when it ran to its end)."""
-    environ = {k: v for k, v in os.environ.items() if k != env.HANGWATCH_TOKEN}
+    environ = {k: v for k, v in os.environ.items() if k != config.env_var("token")}
     try:
         proc = subprocess.Popen(
             argv,

@@ -177,11 +177,19 @@ class LiveGauges(Collector):
     def _settings(self) -> Iterator[Metric]:
         conf = self.config
         for name, value, text in (
-            ("hangwatch_stall_timeout_seconds", conf.stall_timeout, "--stall-timeout in force."),
-            ("hangwatch_dump_deadline_seconds", conf.dump_deadline, "--dump-deadline in force."),
+            (
+                "hangwatch_stall_timeout_seconds",
+                conf.detect.stall_timeout,
+                "--stall-timeout in force.",
+            ),
+            (
+                "hangwatch_dump_deadline_seconds",
+                conf.detect.dump_deadline,
+                "--dump-deadline in force.",
+            ),
             (
                 "hangwatch_agent_lost_timeout_seconds",
-                conf.agent_lost_timeout,
+                conf.detect.agent_lost_timeout,
                 "--agent-lost-timeout in force.",
             ),
         ):

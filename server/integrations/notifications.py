@@ -136,9 +136,15 @@ class Notifier:
         for w in self._workers:
             w.thread.start()
 
-    def stop(self) -> None:
-        """Give queued notifications `drain_s` in all, then drop (and count) the rest."""
-        end = time.monotonic() + self.policy.drain_s
+    def threads(self) -> list[threading.Thread]:
+        """One delivery thread per webhook."""
+        return [w.thread for w in self._workers]
+
+    def stop(self, bound_s: float | None = None) -> None:
+        """Give queued notifications `drain_s` in all (less when the caller's
+        bound is shorter), then drop (and count) the rest."""
+        drain = self.policy.drain_s if bound_s is None else min(self.policy.drain_s, bound_s)
+        end = time.monotonic() + drain
         for w in self._workers:
             w.close()
         for w in self._workers:

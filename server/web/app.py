@@ -18,7 +18,7 @@ from hangwatch import __version__
 
 def create_app(ctx: ServerContext) -> FastAPI:
     """Build the app. Resolves the token once, so a bad token file fails here, loudly."""
-    check = security.TokenCheck(ctx.config.resolved_token())
+    check = security.TokenCheck(ctx.config.auth.resolved_token())
     app = FastAPI(
         title="hangwatch",
         version=__version__,

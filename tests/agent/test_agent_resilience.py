@@ -19,7 +19,7 @@ TOKEN = "t0ken-for-tests"
 
 
 def _server_cfg(tmp_path: Path, port: int = 0) -> Config:
-    return Config(data_dir=str(tmp_path / "data"), grpc_port=port, http_port=0, token=TOKEN)
+    return Config.of(data_dir=str(tmp_path / "data"), grpc_port=port, http_port=0, token=TOKEN)
 
 
 def _agent_cfg(tmp_path: Path, address: str, **kw: object) -> Config:
@@ -32,7 +32,7 @@ def _agent_cfg(tmp_path: Path, address: str, **kw: object) -> Config:
         "token": TOKEN,
     }
     base.update(kw)
-    return Config(**base)  # type: ignore[arg-type]
+    return Config.of(**base)  # type: ignore[arg-type]
 
 
 def _agent_ids(coord: Coordinator) -> list[str]:

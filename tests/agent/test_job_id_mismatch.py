@@ -20,7 +20,9 @@ def test_a_rank_of_another_job_id_is_named_once(
 ) -> None:
     said = {int(i["rank"]): i["job_id"] for i in hang_job.rankinfo().values()}
     assert set(said) == {0, 1} and all(j != "myjob" for j in said.values()), said
-    agent = Agent(Config(run_dir=str(hang_job.run_dir), job_id="myjob", coordinator="127.0.0.1:1"))
+    agent = Agent(
+        Config.of(run_dir=str(hang_job.run_dir), job_id="myjob", coordinator="127.0.0.1:1")
+    )
     try:
         with caplog.at_level(logging.WARNING, logger="hangwatch"):
             agent._discover(time.monotonic())

@@ -268,7 +268,7 @@ def test_torchs_own_dump_to_file_is_picked_up_as_a_watchdog_dump(hooked_job: Job
     assert prefix == hook_protocol.fr_dump_prefix(str(hooked_job.run_dir))
     answer = endpoint.call(socket_of(info), "fr_dump_file?backend=hwstore", timeout=5)
     assert b"initiated" in answer, answer
-    agent = Agent(Config(run_dir=str(hooked_job.run_dir), coordinator="127.0.0.1:1"))
+    agent = Agent(Config.of(run_dir=str(hooked_job.run_dir), coordinator="127.0.0.1:1"))
     try:
         deadline = time.monotonic() + 20
         seen: list[tuple[int, int, str]] = []

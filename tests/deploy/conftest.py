@@ -40,7 +40,7 @@ def cli_flags() -> dict[str, set[str]]:
 @pytest.fixture(scope="session")
 def config_env() -> dict[str, dataclasses.Field]:
     """HANGWATCH_* name -> Config field."""
-    return {f.metadata["env"]: f for f in config.FIELDS}
+    return {config.env_of(f): f for f in config.FIELDS}
 
 
 @pytest.fixture(scope="session")
@@ -56,5 +56,5 @@ def env_for_command(config_env: dict[str, dataclasses.Field]) -> dict[str, set[s
 def config_defaults() -> dict[str, object]:
     """HANGWATCH_* name -> default value (fields with a plain default only)."""
     return {
-        f.metadata["env"]: f.default for f in config.FIELDS if f.default is not dataclasses.MISSING
+        config.env_of(f): f.default for f in config.FIELDS if f.default is not dataclasses.MISSING
     }

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import module_output
 
-from hangwatch import config, env
+from hangwatch import config
+from hangwatch.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,21 +26,16 @@ def test_configuration_doc_is_generated_output() -> None:
 def test_every_setting_is_documented_with_flag_and_env() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     for f in config.FIELDS:
-        md = f.metadata
-        assert f"`{md['env']}`" in doc, f.name
-        if md["flag"]:
-            assert f"`{md['flag']}`" in doc, f.name
-        # The env name is a constant of hangwatch/env.py, not spelled anew.
-        assert getattr(env, md["env"], None) == md["env"], f"{md['env']} is not in hangwatch/env.py"
+        assert f"`{config.env_of(f)}`" in doc, f.name
+        if flag := config.flag_of(f):
+            assert f"`{flag}`" in doc, f.name
 
 
 @pytest.mark.timeout(10)
 def test_secrets_have_no_flag() -> None:
     for f in config.FIELDS:
         if f.metadata["secret"]:
-            assert f.metadata["flag"] is None, (
-                f"{f.name} is secret but has a CLI flag (shows in ps)"
-            )
+            assert config.flag_of(f) is None, f"{f.name} is secret but has a CLI flag (shows in ps)"
 
 
 @pytest.mark.timeout(30)
@@ -60,3 +56,85 @@ def test_every_commands_help_shows_real_defaults() -> None:
     assert "--on-hang {observe,abort}" in text
     with pytest.raises(SystemExit):
         p.parse_args(["--on-hang", "sometimes"])
+
+
+# Every flag and variable a release has documented: renaming a field would rename
+# its flag and its variable, so this list, not the field names, is the contract.
+KNOWN_SETTINGS = {
+    "job_id": ("job", "--job-id", "HANGWATCH_JOB_ID"),
+    "log_level": ("job", "--log-level", "HANGWATCH_LOG_LEVEL"),
+    "token_file": ("auth", "--token-file", "HANGWATCH_TOKEN_FILE"),
+    "token": ("auth", None, "HANGWATCH_TOKEN"),
+    "insecure": ("auth", "--insecure", "HANGWATCH_INSECURE"),
+    "tls_cert": ("auth", "--tls-cert", "HANGWATCH_TLS_CERT"),
+    "tls_key": ("auth", "--tls-key", "HANGWATCH_TLS_KEY"),
+    "tls_ca": ("auth", "--tls-ca", "HANGWATCH_TLS_CA"),
+    "max_message_bytes": ("auth", "--max-message-bytes", "HANGWATCH_MAX_MESSAGE_BYTES"),
+    "host": ("serve", "--host", "HANGWATCH_HOST"),
+    "grpc_port": ("serve", "--grpc-port", "HANGWATCH_GRPC_PORT"),
+    "http_port": ("serve", "--http-port", "HANGWATCH_HTTP_PORT"),
+    "data_dir": ("serve", "--data-dir", "HANGWATCH_DATA_DIR"),
+    "analyzer_memory_mb": ("serve", "--analyzer-memory-mb", "HANGWATCH_ANALYZER_MEMORY_MB"),
+    "public_url": ("serve", "--public-url", "HANGWATCH_PUBLIC_URL"),
+    "stall_timeout": ("detect", "--stall-timeout", "HANGWATCH_STALL_TIMEOUT"),
+    "startup_grace": ("detect", "--startup-grace", "HANGWATCH_STARTUP_GRACE"),
+    "dump_deadline": ("detect", "--dump-deadline", "HANGWATCH_DUMP_DEADLINE"),
+    "full_dump_max_ranks": ("detect", "--full-dump-max-ranks", "HANGWATCH_FULL_DUMP_MAX_RANKS"),
+    "tail_context": ("detect", "--tail-context", "HANGWATCH_TAIL_CONTEXT"),
+    "agent_lost_timeout": ("detect", "--agent-lost-timeout", "HANGWATCH_AGENT_LOST_TIMEOUT"),
+    "notify_url": ("respond", "--notify-url", "HANGWATCH_NOTIFY_URL"),
+    "on_hang": ("respond", "--on-hang", "HANGWATCH_ON_HANG"),
+    "abort_grace": ("respond", "--abort-grace", "HANGWATCH_ABORT_GRACE"),
+    "exclude_command": ("respond", "--exclude-command", "HANGWATCH_EXCLUDE_COMMAND"),
+    "exclude_timeout": ("respond", "--exclude-timeout", "HANGWATCH_EXCLUDE_TIMEOUT"),
+    "coordinator": ("agent", "--coordinator", "HANGWATCH_COORDINATOR"),
+    "run_dir": ("agent", "--run-dir", "HANGWATCH_RUN_DIR"),
+    "poll_interval": ("agent", "--poll-interval", "HANGWATCH_POLL_INTERVAL"),
+    "node_id": ("agent", "--node-id", "HANGWATCH_NODE_ID"),
+    "max_buffered": ("agent", "--max-buffered", "HANGWATCH_MAX_BUFFERED"),
+    "keep_bundles": ("agent", "--keep-bundles", "HANGWATCH_KEEP_BUNDLES"),
+    "pyspy": ("agent", "--pyspy", "HANGWATCH_PYSPY"),
+    "fr_buffer_size": ("hook", "--fr-buffer-size", "HANGWATCH_FR_BUFFER_SIZE"),
+}
+
+
+@pytest.mark.timeout(10)
+def test_every_released_flag_and_variable_still_names_its_setting() -> None:
+    derived = {
+        f.name: (config.SECTION_OF[f.name], config.flag_of(f), config.env_of(f))
+        for f in config.FIELDS
+    }
+    assert derived == KNOWN_SETTINGS
+    # Field names are unique across sections: one name, one setting.
+    assert len(config.FIELDS) == len(config.SECTION_OF)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", sorted(KNOWN_SETTINGS))
+def test_each_flag_and_variable_sets_its_field(name: str) -> None:
+    """Through the real parsers of every command that shows the flag, and through
+    the environment: both land in the field of the section the list names."""
+    import argparse
+
+    section, flag, var = KNOWN_SETTINGS[name]
+    f = next(f for f in config.FIELDS if f.name == name)
+    kind = str(f.type)
+    raw = {"bool": "1", "int": "7", "float": "7.5"}.get(kind.split(" ")[0], "")
+    if name == "on_hang":
+        raw = "abort"
+    elif kind.startswith("tuple"):
+        raw = "http://a.example/hook"
+    elif not raw:
+        raw = "x-value"
+    expected = config.Config.of(**{name: config._convert(f, raw)}).value(name)
+    from_env = config.from_sources(None, {var: raw})
+    assert getattr(getattr(from_env, section), name) == expected
+    for command in sorted(f.metadata["commands"]):
+        if flag is None:
+            continue
+        p = argparse.ArgumentParser()
+        config.add_arguments(p, command)
+        argv = [flag] if kind.startswith("bool") else [flag, raw]
+        got = config.from_sources(p.parse_args(argv), {})
+        assert getattr(getattr(got, section), name) == expected, command
+    assert isinstance(Config.of(), Config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
     """/metrics of a real server with a live job whose stall opened an incident."""
     conf = make_config(tmp_path_factory.mktemp("mon"), stall_timeout=0.3, dump_deadline=30.0)
-    rt = ServerRuntime(conf)
+    rt = ServerRuntime(conf, threading.Event())
     info = rt.start()
     try:
         with grpc.insecure_channel(info.grpc) as ch:

@@ -52,7 +52,7 @@ class Env:
         self.root = root
         self.data = root / "data"
         self.coord = Coordinator(
-            Config(
+            Config.of(
                 data_dir=str(self.data), grpc_port=0, http_port=0, stall_timeout=0.5,
                 dump_deadline=2.0, max_message_bytes=MAX_MSG,
             ),

@@ -6,11 +6,11 @@ import json
 import os
 import sys
 
-from hangwatch import env
+from hangwatch.config import env_var
 
 if __name__ == "__main__":
     with open(sys.argv[1], "a", encoding="utf-8") as f:
         f.write(
-            json.dumps({"argv": sys.argv[2:], "token": os.environ.get(env.HANGWATCH_TOKEN)}) + "\n"
+            json.dumps({"argv": sys.argv[2:], "token": os.environ.get(env_var("token"))}) + "\n"
         )
     print(f"cordoned {sys.argv[2]}")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch import env, formats
+from hangwatch import formats
+from hangwatch.config import env_var
 from tests.live.conftest import coordinator_process, stop_job
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -157,4 +158,4 @@ def test_abort_ends_a_hung_ddp_job_after_its_bundle_is_stored(tmp_path: Path) ->
     # The launcher restarted the job: a second attempt of every rank ran.
     assert all((marks / f"attempt1.rank{r}").exists() for r in RANKS)
     assert time.time() > ab["finished"]
-    assert environ.get(env.HANGWATCH_ON_HANG) is None
+    assert environ.get(env_var("on_hang")) is None

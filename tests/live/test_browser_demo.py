@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.live.conftest import STALL_TIMEOUT
 from tests.web.browser import open_browser, screenshot
 
@@ -41,9 +41,9 @@ def test_job_and_incident_pages_during_a_real_demo(
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ.update(
         {
-            env.HANGWATCH_JOB_ID: job,
-            env.HANGWATCH_RUN_DIR: str(tmp_path / "run"),
-            env.HANGWATCH_POLL_INTERVAL: "0.5",
+            env_var("job_id"): job,
+            env_var("run_dir"): str(tmp_path / "run"),
+            env_var("poll_interval"): "0.5",
         }
     )
     demo = subprocess.Popen(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.testing.scenarios import get_scenario
 from tests.helpers import BACKENDS, skip_unless_backend
 from tests.live.conftest import STALL_TIMEOUT
@@ -36,8 +36,8 @@ def _demo(
     *extra: str,
 ) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
-    environ[env.HANGWATCH_POLL_INTERVAL] = "0.5"
+    environ[env_var("run_dir")] = str(tmp_path / "run")
+    environ[env_var("poll_interval")] = "0.5"
     # A job id of its own: the coordinator is shared, and the previous test's
     # job (its ranks killed as its demo ended) may still report to it.
     job_id = f"e2e-{tmp_path.name}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.hardening.util import wait_for
 from tests.live.conftest import stop_job
 from tests.support.chaos import AgentProc, CoordinatorProc
@@ -208,7 +208,7 @@ def test_an_agent_restarted_mid_incident_does_not_resolve_it(tmp_path: Path) -> 
 @pytest.mark.timeout(150)
 def test_the_p2p_demo_names_the_recv_recv_cycle(tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
+    environ[env_var("run_dir")] = str(tmp_path / "run")
     r = subprocess.run(
         [sys.executable, "-m", "hangwatch", "demo", "--scenario", "p2p", "--ranks", "4",
          "--json", "--timeout", "60"],

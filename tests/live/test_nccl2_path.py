@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.testing.backends import HWHOOKS
 from tests.helpers import skip_unless_backend
 from tests.live.conftest import coordinator_process
@@ -47,8 +47,8 @@ def test_torch_timeout_first_gives_one_incident_with_every_rank_and_the_culprit(
     (tmp_path / "coord").mkdir()
     with coordinator_process(tmp_path / "coord", "--stall-timeout", "300") as coord:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-        environ[env.HANGWATCH_RUN_DIR] = str(run_dir)
-        environ[env.HANGWATCH_POLL_INTERVAL] = "0.5"
+        environ[env_var("run_dir")] = str(run_dir)
+        environ[env_var("poll_interval")] = "0.5"
         r = subprocess.run(
             [sys.executable, "-m", "hangwatch", "demo", "--scenario", "skip", "--ranks", "3",
              "--coordinator", coord["grpc"], "--backend", HWHOOKS, "--collective-timeout",

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.testing.scenarios import get_scenario
 from tests.live.conftest import STALL_TIMEOUT, coordinator_process
 from tests.support.webhook import closed_port_url, receiver
@@ -69,9 +69,9 @@ def test_demo_incident_reaches_the_webhook_within_seconds(tmp_path: Path) -> Non
             "--token-file", str(token_file),
         ))  # fmt: skip
         environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-        environ[env.HANGWATCH_RUN_DIR] = str(tmp_path / "run")
-        environ[env.HANGWATCH_POLL_INTERVAL] = "0.5"
-        environ[env.HANGWATCH_TOKEN] = TOKEN  # the demo hands its agent the environment
+        environ[env_var("run_dir")] = str(tmp_path / "run")
+        environ[env_var("poll_interval")] = "0.5"
+        environ[env_var("token")] = TOKEN  # the demo hands its agent the environment
         demo = subprocess.Popen(
             [sys.executable, "-m", "hangwatch", "demo", "--scenario", "skip",
              "--ranks", str(WORLD), "--coordinator", info["grpc"], "--job-id", job,

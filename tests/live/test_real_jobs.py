@@ -23,7 +23,7 @@ import pytest
 from hangwatch.analyzer.report import FindingKind
 from hangwatch.server.web import schemas
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.live.conftest import coordinator_process, stop_job
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.realjob]
@@ -122,7 +122,7 @@ def live_job(
     server: dict[str, str], tmp_path: Path, job: str, *, nproc: int = 2, **extra: str
 ) -> Iterator[LiveJob]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    environ |= {env.HANGWATCH_POLL_INTERVAL: "0.5", "OMP_NUM_THREADS": "1", **extra}
+    environ |= {env_var("poll_interval"): "0.5", "OMP_NUM_THREADS": "1", **extra}
     run_dir = tmp_path / "run"
     job_id = f"{job}-{tmp_path.name}"[:60]
     logs = {"agent": tmp_path / "agent.log", "train": tmp_path / "train.log"}

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from tests.support.lateness_api import wait_scored
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -42,7 +42,7 @@ def _get(coordinator: dict[str, str], path: str) -> Any:
 def _job(coordinator: dict[str, str], tmp: Path, job_id: str, slow: int) -> Iterator[Path]:
     """Agent and ranks running; yields the stop file. Every process must end cleanly."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    environ[env.HANGWATCH_JOB_ID] = job_id
+    environ[env_var("job_id")] = job_id
     run_dir, store = tmp / "run", tmp / "store"
     with ExitStack() as files:
         yield from _processes(coordinator, tmp, environ, run_dir, store, slow, files)
@@ -62,7 +62,7 @@ def _processes(
 
     agent = subprocess.Popen(
         [sys.executable, "-m", "hangwatch", "agent", "--coordinator", coordinator["grpc"],
-         "--run-dir", str(run_dir), "--node-id", f"node-{environ[env.HANGWATCH_JOB_ID]}"],
+         "--run-dir", str(run_dir), "--node-id", f"node-{environ[env_var('job_id')]}"],
         env=environ, stdout=subprocess.DEVNULL, stderr=log("agent.log"),
     )  # fmt: skip
     ranks = [_rank(environ, run_dir, store, r, slow, log(f"rank{r}.log")) for r in range(WORLD)]

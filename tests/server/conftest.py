@@ -37,7 +37,7 @@ def make_config(tmp_path: Path, **kw: Any) -> Config:
         "agent_lost_timeout": 30.0,
     }
     base.update(kw)
-    return Config(**base)
+    return Config.of(**base)
 
 
 @pytest.fixture
@@ -50,6 +50,9 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Coordinator]]:
         max_file_bytes = kw.pop("max_file_bytes", None)
         if max_file_bytes:
             extra["max_file_bytes"] = max_file_bytes
+        if (clock := kw.pop("clock", None)) is not None:
+            # On a caller's clock the coordinator starts no ticker: the test ticks.
+            extra["clock"] = clock
         c = Coordinator(make_config(tmp_path, **kw), tick_s=0.05, **extra)
         c.start()
         started.append(c)

@@ -19,7 +19,7 @@ from hangwatch.server.integrations import actions
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry
 
-from hangwatch import config, env
+from hangwatch import config
 from hangwatch.wire import pb, rpc
 from tests.support.webhook import receiver
 
@@ -73,7 +73,7 @@ def _wait_actions(store: IncidentStore, iid: str, n: int) -> IncidentRow:
 
 
 def _exclude_policy(log: Path, *extra: str, timeout: float = 20) -> actions.ActionPolicy:
-    cfg = config.Config(
+    cfg = config.Config.of(
         exclude_command=" ".join(
             [
                 sys.executable,
@@ -96,7 +96,7 @@ def _exclude_policy(log: Path, *extra: str, timeout: float = 20) -> actions.Acti
 def test_exclusion_runs_once_per_node_of_the_lagging_ranks_as_argv_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(env.HANGWATCH_TOKEN, "s3cret")  # the coordinator's own, never passed on
+    monkeypatch.setenv(config.env_var("token"), "s3cret")  # the coordinator's own, never passed on
     log = tmp_path / "argv.jsonl"
     published: list[tuple[str, IncidentRow]] = []
     runner, store, reg, iid = _runner(tmp_path, _exclude_policy(log), published)
@@ -154,17 +154,25 @@ def test_valid_host_names() -> None:
 )  # fmt: skip
 def test_bad_exclude_templates_are_refused_at_start(template: str) -> None:
     with pytest.raises(ValueError, match="--exclude-command"):
-        config.Config(exclude_command=template).validate(config.SERVER)
+        config.Config.of(exclude_command=template).validate(config.SERVER)
 
 
 def test_exclude_template_is_split_once_and_braces_can_be_literal() -> None:
-    cfg = config.Config(exclude_command="scontrol update 'NodeName={host}' State=DRAIN '{{x}}'")
-    assert cfg.exclude_argv() == ("scontrol", "update", "NodeName={host}", "State=DRAIN", "{{x}}")
-    argv = actions.exclude_argv(cfg.exclude_argv(), host="h; rm", node="n", ranks=[1], incident="i")
+    cfg = config.Config.of(exclude_command="scontrol update 'NodeName={host}' State=DRAIN '{{x}}'")
+    assert cfg.respond.exclude_argv() == (
+        "scontrol",
+        "update",
+        "NodeName={host}",
+        "State=DRAIN",
+        "{{x}}",
+    )
+    argv = actions.exclude_argv(
+        cfg.respond.exclude_argv(), host="h; rm", node="n", ranks=[1], incident="i"
+    )
     # A value is one word whatever it holds (the names are checked before this).
     assert argv == ["scontrol", "update", "NodeName=h; rm", "State=DRAIN", "{x}"]
     with pytest.raises(ValueError, match="--on-hang"):
-        config.Config(on_hang="kill").validate(config.AGENT)
+        config.Config.of(on_hang="kill").validate(config.AGENT)
 
 
 @pytest.mark.timeout(30)

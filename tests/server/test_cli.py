@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.wire import pb, rpc
 
 LINE = re.compile(r"^hangwatch server: grpc=(\S+) http=(http://\S+)$")
@@ -108,7 +108,7 @@ def test_refuses_non_loopback_without_token(tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert "refusing to bind non-loopback host 0.0.0.0 without a token" in lines[0]
-    assert env.HANGWATCH_TOKEN in lines[0] and "--insecure" in lines[0]
+    assert env_var("token") in lines[0] and "--insecure" in lines[0]
     assert res.stdout == ""
     assert not (tmp_path / "d").exists()
 

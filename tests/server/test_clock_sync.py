@@ -53,7 +53,7 @@ def test_polls_land_on_the_coordinators_grid() -> None:
 
 def test_exchange_with_a_real_coordinator(coordinator: Coordinator) -> None:
     client = CoordinatorClient(
-        Config(coordinator=coordinator.grpc_address, job_id="j"), agent_id="a", host="h"
+        Config.of(coordinator=coordinator.grpc_address, job_id="j"), agent_id="a", host="h"
     )
     try:
         sync = ClockSync()

@@ -25,6 +25,7 @@ from hangwatch.server.integrations.notifications import SCHEMA, Notifier, Policy
 from hangwatch.server.web.schemas import IncidentSummary
 
 from hangwatch import formats
+from hangwatch.config import env_var
 from hangwatch.wire import pb, rpc
 from tests.support.webhook import closed_port_url, receiver
 
@@ -283,18 +284,17 @@ def test_notify_urls_from_repeated_flags_or_one_comma_separated_variable() -> No
     import argparse
 
     from hangwatch import config as cfg
-    from hangwatch import env
 
     p = argparse.ArgumentParser()
     cfg.add_arguments(p, cfg.SERVER)
     ns = p.parse_args(["--notify-url", "http://a.example/x", "--notify-url", "https://b.example"])
-    environ = {env.HANGWATCH_NOTIFY_URL: "http://c.example, http://d.example"}
-    assert cfg.from_sources(ns, environ).notify_url == ("http://a.example/x", "https://b.example")
-    assert cfg.from_sources(p.parse_args([]), environ).notify_url == (
+    environ = {env_var("notify_url"): "http://c.example, http://d.example"}
+    assert cfg.from_sources(ns, environ).respond.notify_url == ("http://a.example/x", "https://b.example")
+    assert cfg.from_sources(p.parse_args([]), environ).respond.notify_url == (
         "http://c.example",
         "http://d.example",
     )
-    assert cfg.from_sources(p.parse_args([]), {}).notify_url == ()
+    assert cfg.from_sources(p.parse_args([]), {}).respond.notify_url == ()
 
 
 @pytest.mark.timeout(30)

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hangwatch import env
+from hangwatch.config import env_var
 from hangwatch.testing.ports import free_port
 from tests.support.serving import wait_serving
 
@@ -168,7 +168,7 @@ class CoordinatorProc(_ChildProc):
         if self.alive():
             raise ChaosError("coordinator already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        environ = _clean_env({env.HANGWATCH_TOKEN: self.token} if self.token else None)
+        environ = _clean_env({env_var("token"): self.token} if self.token else None)
         with open(self.log_path, "ab") as log:
             log.write(f"--- start #{self.starts + 1} at {time.time():.3f}\n".encode())
             log.flush()
@@ -257,7 +257,7 @@ class AgentProc(_ChildProc):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         environ = _clean_env({**self.extra_env, **(extra_env or {})})
         if self.token:
-            environ[env.HANGWATCH_TOKEN] = self.token
+            environ[env_var("token")] = self.token
         cmd = (["ip", "netns", "exec", self.netns] if self.netns else []) + self.cmd
         with open(self.log_path, "ab") as log:
             log.write(f"--- start #{self.starts + 1} at {time.time():.3f}\n".encode())

@@ -28,6 +28,7 @@ from hangwatch.analyzer.report import (
 )
 from hangwatch.server.app_state import ServerContext
 from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.integrations.gauges import LiveGauges
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry
 
@@ -43,10 +44,10 @@ HOSTILE_DESC = "default_pg</td><script>alert(3)</script>"
 
 
 def make_context(data_dir: Path, *, token: str | None = None) -> ServerContext:
-    config = Config(data_dir=str(data_dir), token=token, stall_timeout=5.0)
+    config = Config.of(data_dir=str(data_dir), token=token, stall_timeout=5.0)
     store = IncidentStore.in_dir(data_dir)
     registry = JobRegistry(agent_lost_timeout=10.0, stall_timeout=5.0)
-    return ServerContext(
+    ctx = ServerContext(
         config=config,
         store=store,
         registry=registry,
@@ -54,6 +55,12 @@ def make_context(data_dir: Path, *, token: str | None = None) -> ServerContext:
         metrics=Metrics(),
         grpc_address="127.0.0.1:1",
     )
+    # As the coordinator does: /metrics serves this context's registry, store and
+    # stragglers (a test may give the context a monitor later).
+    ctx.metrics.add_collector(
+        LiveGauges(registry, store, config, stragglers=lambda: ctx.stragglers)
+    )
+    return ctx
 
 
 def feed_job(

@@ -266,15 +266,18 @@ def test_probes_and_headers(served: Served) -> None:
     c = served.client
     assert c.get("/healthz").json() == {"ok": True}
     assert c.get("/readyz").json() == {"ready": True, "detail": ""}
-    served.ctx.grpc_address = ""
-    r = c.get("/readyz")
-    assert r.status_code == 503 and r.json()["ready"] is False
     for path in ("/", f"/incidents/{served.incident}", "/api/jobs", "/static/app.js"):
         h = c.get(path).headers
         assert "default-src 'self'" in h["content-security-policy"]
         assert "script-src 'self'" in h["content-security-policy"]
         assert h["x-content-type-options"] == "nosniff"
         assert h["x-frame-options"] == "DENY"
+    served.ctx.store.close()  # the store stops answering: not ready
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json() == {
+        "ready": False,
+        "detail": "incident store unavailable",
+    }
 
 
 def test_openapi_and_self_hosted_docs(served: Served) -> None:
