@@ -56,8 +56,16 @@ class Job:
         return self.procs[rank].pid
 
     def sigstop(self, rank: int) -> None:
-        os.kill(self.pid(rank), signal.SIGSTOP)
+        """Stop the rank and return once the kernel shows it stopped (state T):
+        signal delivery is asynchronous."""
+        pid = self.pid(rank)
+        os.kill(pid, signal.SIGSTOP)
         self.stopped.add(rank)
+        stat = Path(f"/proc/{pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, f"rank {rank} (pid {pid}) not stopped in 10 s"
+            time.sleep(0.005)
 
     def sigcont(self, rank: int) -> None:
         os.kill(self.pid(rank), signal.SIGCONT)

@@ -93,8 +93,8 @@ def test_poll_reports_the_stall_with_agent_clock_ages(hang_job: Job) -> None:
     t0 = time.monotonic()
     first = {r: poll_rank(t, t0, entries_after_s=0.3) for r, t in trackers.items()}
     assert all(not res.events for res in first.values())
-    time.sleep(0.4)
-    t1 = time.monotonic()
+    # The agent's clock is the `now` it is handed: 0.4 s later, with no sleep.
+    t1 = t0 + 0.4
     second = {r: poll_rank(t, t1, entries_after_s=0.3) for r, t in trackers.items()}
     p0 = {g.group: g for g in trackers[0].progress_pb(t1).groups}
     p1 = {g.group: g for g in trackers[1].progress_pb(t1).groups}
@@ -118,7 +118,7 @@ def test_poll_reports_the_stall_with_agent_clock_ages(hang_job: Job) -> None:
     assert p0["0"].oldest_in_flight.op == "all_reduce"
     assert [e.record_id for e in new] == sorted(e.record_id for e in new)
     assert trackers[1].python_ok, "status handler did not answer"
-    t3 = time.monotonic()
+    t3 = t1 + 0.25
     third = poll_rank(trackers[0], t3, entries_after_s=0.3)
     assert not third.entries  # no new records since
     age3 = {g.group: g for g in trackers[0].progress_pb(t3).groups}["0"].oldest_in_flight.age_s
@@ -130,7 +130,6 @@ def test_collect_bundle_with_a_frozen_rank(hang_job: Job, tmp_path: Path) -> Non
     trackers = _trackers(hang_job)
     hang_job.sigstop(1)
     try:
-        time.sleep(0.2)
         res = poll_rank(trackers[1], time.monotonic(), entries_after_s=1.0)
         assert trackers[1].state == pb.PROCESS_STATE_STOPPED and not res.events
         gpu = collector.gpu_snapshot()
@@ -177,7 +176,7 @@ def _agent_against_coordinator(
     agent must stop within 8 s of being asked."""
     from hangwatch.server.coordinator import Coordinator
 
-    server_cfg = Config(
+    server_cfg = Config.of(
         data_dir=str(data),
         grpc_port=0,
         http_port=0,
@@ -188,7 +187,7 @@ def _agent_against_coordinator(
     )
     with Coordinator(server_cfg) as coord:
         agent = Agent(
-            Config(
+            Config.of(
                 coordinator=coord.grpc_address,
                 run_dir=str(hang_job.run_dir),
                 poll_interval=0.3,

@@ -68,8 +68,6 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         lost_after = time.monotonic() - t_kill
         assert view[0]["observed"] and view[0]["connected"], view[0]
         assert not view[1]["connected"], view[1]
-        time.sleep(1.0)
-        assert coord.api(f"/api/incidents?job={JOB}") == [], "a lost agent is not a hang"
         job.check()
 
         t_restart = time.monotonic()
@@ -109,6 +107,9 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         assert inc["lagging_ranks"] == [1], inc["summary"]
         assert sorted(inc["ranks_dumped"]) == [0, 1], inc
         assert 0 < inc["detection_s"] < 30, inc["detection_s"]
+        # A lost agent is not a hang: over the whole run, node B's agent dead,
+        # restarted and its rank hung, the job has this one incident.
+        assert [r["id"] for r in coord.api(f"/api/incidents?job={JOB}")] == [inc["id"]]
         for a in agents:
             a.check()
     finally:

@@ -27,25 +27,13 @@ from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
 from hangwatch.wire import pb
+from tests.support.clock import FakeClock
 
 JOB = "fake-clock-job"
 STALL = 10.0
 LOST = 30.0
 DEADLINE = 20.0
 TICK = 1.0
-
-
-class FakeClock:
-    """Monotonic seconds that move only when the test says so."""
-
-    def __init__(self, start: float = 5_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ import contextlib
 import json
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -16,6 +16,7 @@ from hangwatch.server.incidents.store import IncidentRow
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
+from tests.support.clock import FakeClock
 
 from .conftest import ProtocolAgent, chunks, gloo_dump, rank_meta, wait_for, wait_status
 
@@ -34,11 +35,6 @@ def _agents(stub: rpc.CoordinatorStub, world: int = 4) -> tuple[ProtocolAgent, P
         ag.register()
         ag.watch()
     return a, b
-
-
-def _no_command(agent: ProtocolAgent, within: float) -> None:
-    with pytest.raises(queue.Empty):
-        agent.next_command(timeout=within)
 
 
 @pytest.mark.timeout(30)
@@ -123,35 +119,63 @@ def _bundle_rank(
     assert agent.upload(incident_id, rank, formats.META_FILE, rank_meta(rank, world)).complete
 
 
+@pytest.fixture
+def ticked(
+    start_coordinator: Callable[..., Coordinator],
+) -> Iterator[tuple[Coordinator, FakeClock, rpc.CoordinatorStub]]:
+    """A coordinator on a fake clock over real gRPC: it detects nothing until the
+    test advances the clock and calls `tick()` (its ticker thread is not started)."""
+    clock = FakeClock()
+    c = start_coordinator(clock=clock)
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        yield c, clock, rpc.CoordinatorStub(ch)
+
+
+def _incidents(c: Coordinator) -> list[str]:
+    return [r.id for r in c.store.list_incidents(job_id=JOB)]
+
+
 @pytest.mark.timeout(60)
-def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.CoordinatorStub) -> None:
+def test_stall_dump_upload_and_verdict(
+    ticked: tuple[Coordinator, FakeClock, rpc.CoordinatorStub],
+) -> None:
+    coordinator, clock, stub = ticked
     a, b = _agents(stub)
     # Healthy steps first: progress moves, nothing fires.
     for step in range(1, 5):
+        clock.advance(0.3)
+        coordinator.incidents.tick()
         assert a.progress({0: (step, step), 1: (step, step)})
         assert b.progress({2: (step, step), 3: (step, step)})
-        t_hang = time.monotonic()  # the last change any member reported
-        time.sleep(0.15)
-    _no_command(a, 0.1)
-    # Rank 2 never enters collective 5; the others wait in it.
+    assert _incidents(coordinator) == []
+    # At the same instant rank 2 stops: it never enters collective 5; the others
+    # wait in it.
     a.progress({0: (5, 4), 1: (5, 4)})
     b.progress({2: (4, 4), 3: (5, 4)})
+    # Stall timeout 0.5 s after rank 2's last move: not at 0.45 s, at the next
+    # scan past it (scans are one tick, 0.05 s, apart on the registry's clock).
+    clock.advance(0.45)
+    coordinator.incidents.tick()
+    assert _incidents(coordinator) == []
+    clock.advance(0.1)
+    coordinator.incidents.tick()
     cmd_a = a.next_command(timeout=5)
     cmd_b = b.next_command(timeout=5)
-    waited = time.monotonic() - t_hang
     assert cmd_a.kind == pb.COMMAND_KIND_DUMP and cmd_a.incident_id == cmd_b.incident_id
-    assert 0.45 <= waited < 3.0, waited  # stall_timeout 0.5 s after the last progress
     assert "group 0 stalled at seq 5" in cmd_a.reason and "ranks 2 not entered" in cmd_a.reason
     iid = cmd_a.incident_id
     row = coordinator.store.get_incident(iid)
     assert row is not None and row.status == "collecting" and row.trigger == "stall"
     assert row.ranks_expected == [0, 1, 2, 3]
 
-    # The stall keeps being reported: still one incident.
-    a.progress({0: (5, 4), 1: (5, 4)})
-    b.progress({2: (4, 4), 3: (5, 4)})
-    time.sleep(0.7)
-    assert len(coordinator.store.list_incidents(job_id=JOB)) == 1
+    # The stall keeps being reported, for 8 stall timeouts (inside the 5 s dump
+    # deadline, so the collection still waits for the uploads): still one incident.
+    for _ in range(8):
+        a.progress({0: (5, 4), 1: (5, 4)})
+        b.progress({2: (4, 4), 3: (5, 4)})
+        clock.advance(0.5)
+        coordinator.incidents.tick()
+    assert _incidents(coordinator) == [iid]
 
     for r, (le, lc) in {0: (5, 4), 1: (5, 4)}.items():
         _bundle_rank(a, iid, r, le, lc, 4)
@@ -159,6 +183,7 @@ def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.Coord
         _bundle_rank(b, iid, r, le, lc, 4)
     assert a.complete(iid, [0, 1])
     assert b.complete(iid, [2, 3])
+    coordinator.incidents.tick()  # every rank is in: the collection is due now
 
     done = wait_status(coordinator, iid, "analyzed")
     assert done.verdict == "hang", done.summary
@@ -182,33 +207,35 @@ def test_stall_dump_upload_and_verdict(coordinator: Coordinator, stub: rpc.Coord
     assert hist is not None and hist.n == 1
 
     # After the verdict the same stall persists: still no second incident.
-    a.progress({0: (5, 4), 1: (5, 4)})
-    b.progress({2: (4, 4), 3: (5, 4)})
-    time.sleep(0.8)
-    assert len(coordinator.store.list_incidents(job_id=JOB)) == 1
-    _no_command(a, 0.1)
+    for _ in range(10):
+        a.progress({0: (5, 4), 1: (5, 4)})
+        b.progress({2: (4, 4), 3: (5, 4)})
+        clock.advance(0.5)
+        coordinator.incidents.tick()
+    assert _incidents(coordinator) == [iid]
     a.close()
     b.close()
 
 
 @pytest.mark.timeout(30)
 def test_long_healthy_collective_opens_no_incident(
-    coordinator: Coordinator, stub: rpc.CoordinatorStub
+    ticked: tuple[Coordinator, FakeClock, rpc.CoordinatorStub],
 ) -> None:
+    coordinator, clock, stub = ticked
     a, b = _agents(stub)
     a.progress({0: (3, 3), 1: (3, 3)})
     b.progress({2: (3, 3), 3: (3, 3)})
     # Every member is inside collective 4 and stays there 4x the stall timeout.
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end:
+    for _ in range(10):
         a.progress({0: (4, 3), 1: (4, 3)})
         b.progress({2: (4, 3), 3: (4, 3)})
-        time.sleep(0.2)
-    _no_command(a, 0.1)
+        clock.advance(0.2)
+        coordinator.incidents.tick()
     assert coordinator.store.list_incidents() == []
     snap = coordinator.registry.snapshot(JOB)
     assert snap is not None and snap.stalled == []
-    assert (coordinator.registry.oldest_in_flight_age(JOB) or 0) > 1.5
+    # The agent's age of the collective at its last report, plus coordinator time since.
+    assert (coordinator.registry.oldest_in_flight_age(JOB) or 0) >= 0.2
     a.close()
     b.close()
 
@@ -535,7 +562,8 @@ def test_a_recovered_incident_nobody_comes_back_for_is_settled_as_restarted(
 def test_one_incident_per_hang_until_the_job_progresses(
     start_coordinator: Callable[..., Coordinator],
 ) -> None:
-    c = start_coordinator(dump_deadline=0.3)
+    clock = FakeClock()
+    c = start_coordinator(dump_deadline=0.3, clock=clock)
     groups = {"0": [0, 1, 2, 3], "1": [0, 1]}
     with grpc.insecure_channel(c.grpc_address) as ch:
         stub = rpc.CoordinatorStub(ch)
@@ -550,22 +578,33 @@ def test_one_incident_per_hang_until_the_job_progresses(
             ag.watch()
         # Subgroup 1 hangs: rank 1 never enters its seq 3.
         a.progress({0: (3, 2), 1: (2, 2)}, group="1")
+        clock.advance(1.0)
+        c.incidents.tick()
         first = a.next_command(timeout=5).incident_id
         assert b.next_command(timeout=5).incident_id == first
+        # No upload comes: past the dump deadline the collection is analysed.
+        clock.advance(1.0)
+        c.incidents.tick()
         wait_for(lambda: not c.incidents.is_collecting(first), 10, "first incident to close")
         wait_for(lambda: c.registry.open_incident(JOB) is None, 10, "first incident analysed")
-        # The hang spreads: ranks 2,3 now wait in the default group for ranks 0,1.
+        # The hang spreads: ranks 2,3 now wait in the default group for ranks 0,1,
+        # for 10 stall timeouts.
         a.progress({0: (6, 6), 1: (6, 6)}, group="0")
         b.progress({2: (7, 6), 3: (7, 6)}, group="0")
-        time.sleep(1.2)
+        for _ in range(10):
+            clock.advance(0.5)
+            c.incidents.tick()
         assert [r.id for r in c.store.list_incidents()] == [first]
-        _no_command(b, 0.1)
         # The job recovers, then hangs anew: that is a second incident.
         for ag, rs in ((a, (0, 1)), (b, (2, 3))):
             ag.progress({r: (7, 7) for r in rs}, group="0")
         a.progress({0: (3, 3), 1: (3, 3)}, group="1")
+        clock.advance(0.1)
+        c.incidents.tick()
         a.progress({0: (8, 7), 1: (8, 7)}, group="0")
         b.progress({2: (7, 7), 3: (8, 7)}, group="0")
+        clock.advance(1.0)
+        c.incidents.tick()
         second = b.next_command(timeout=5).incident_id
         assert second != first
         assert len(c.store.list_incidents()) == 2
