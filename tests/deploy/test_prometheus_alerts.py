@@ -20,7 +20,6 @@ cannot evaluate, or a scrape config in the docs that loses the coordinator's
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -38,6 +37,7 @@ from hangwatch.server.runtime import ServerRuntime
 from hangwatch import formats
 from hangwatch.formats import ServerInfo
 from hangwatch.wire import pb, rpc
+from tests.deploy.conftest import require_tool
 from tests.server.conftest import ProtocolAgent, gloo_dump, make_config, rank_meta
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,26 +45,18 @@ RULES_DIR = ROOT / "deploy" / "prometheus"
 RULES = RULES_DIR / "hangwatch-rules.yml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
-PROMETHEUS = shutil.which("prometheus")
-PROMTOOL = shutil.which("promtool")
 JOB = "alert-path"
 TOKEN = "alert-path-test-token"
 DEADLINE_S = 30.0
 
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None or PROMTOOL is None,
-    reason="prometheus/promtool not installed (apt-get install prometheus; .ci/run does)",
-)
 
-
-@needs_prometheus
 @pytest.mark.timeout(60)
 def test_promtool_checks_every_rules_file() -> None:
-    assert PROMTOOL is not None
+    promtool = require_tool("promtool", "prometheus")
     files = sorted(p for p in RULES_DIR.iterdir() if p.suffix in {".yml", ".yaml"})
     assert RULES in files
     out = subprocess.run(
-        [PROMTOOL, "check", "rules", *map(str, files)],
+        [promtool, "check", "rules", *map(str, files)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -175,9 +167,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, token_file: Path) -> Iterat
         rt.shutdown()
 
 
-def start_prometheus(workdir: Path, target: str, token_file: Path) -> Prometheus:
+def start_prometheus(binary: str, workdir: Path, target: str, token_file: Path) -> Prometheus:
     """Prometheus with the documented scrape job aimed at `target`, on a free port."""
-    assert PROMETHEUS is not None
     scrape = documented_scrape_config()
     scrape["static_configs"] = [{"targets": [target]}]
     scrape["authorization"]["credentials_file"] = str(token_file)
@@ -198,7 +189,7 @@ def start_prometheus(workdir: Path, target: str, token_file: Path) -> Prometheus
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
-                    PROMETHEUS,
+                    binary,
                     f"--config.file={config}",
                     f"--storage.tsdb.path={workdir / f'tsdb-{attempt}'}",
                     f"--web.listen-address=127.0.0.1:{port}",
@@ -235,13 +226,20 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
+def prometheus_binary() -> str:
+    return require_tool("prometheus", "prometheus")
+
+
+@pytest.fixture(scope="module")
 def prometheus(
-    tmp_path_factory: pytest.TempPathFactory, server: ServerInfo, token_file: Path
+    prometheus_binary: str,  # first: no coordinator is started where it is missing
+    tmp_path_factory: pytest.TempPathFactory,
+    server: ServerInfo,
+    token_file: Path,
 ) -> Iterator[Prometheus]:
-    if PROMETHEUS is None or PROMTOOL is None:
-        pytest.skip("prometheus/promtool not installed (apt-get install prometheus; .ci/run does)")
+    binary = prometheus_binary
     target = server.http.removeprefix("http://")
-    prom = start_prometheus(tmp_path_factory.mktemp("prometheus"), target, token_file)
+    prom = start_prometheus(binary, tmp_path_factory.mktemp("prometheus"), target, token_file)
     try:
         yield prom
     finally:
@@ -258,7 +256,7 @@ def test_a_hang_fires_the_hang_alert_in_a_real_prometheus(
 ) -> None:
     prom = prometheus
     check = subprocess.run(
-        [str(PROMTOOL), "check", "config", str(prom.config)],
+        [require_tool("promtool", "prometheus"), "check", "config", str(prom.config)],
         capture_output=True,
         text=True,
         timeout=30,
