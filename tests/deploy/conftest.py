@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,18 @@ _READERS = {
     "agent": {config.AGENT},
     "run": {config.RUN, config.HOOK},
 }
+
+
+def require_tool(name: str, package: str | None = None) -> str:
+    """Path of a tool the deploy tests run; CI installs them all, so only a developer
+    may lack one (skipped here, failed on CI). `package`: the apt package it is in."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing on CI (.ci/run must install it)")
+        hint = f" (apt-get install {package})" if package else ""
+        pytest.skip(f"{name} is not installed here{hint}")
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -13,22 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.conftest import require_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SBATCH = DEPLOY / "slurm" / "hangwatch.sbatch"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 SYSTEMD = DEPLOY / "systemd"
 _ENV_NAME = re.compile(r"\bHANGWATCH_[A-Z0-9_]+\b")
-
-
-def _tool(name: str) -> str:
-    """Path of a lint tool; CI installs them all, so only a developer may lack one."""
-    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing on CI (.ci/run must install it)")
-        pytest.skip(f"{name} is not installed here")
-    return path
 
 
 def _check_flags(cmd: str, argv: list[str], flags: dict[str, set[str]], where: str) -> None:
@@ -71,7 +62,7 @@ def _lints_clean(argv: list[str], timeout: float) -> None:
 @pytest.mark.timeout(20)
 def test_sbatch_parses_and_lints() -> None:
     subprocess.run(["bash", "-n", str(SBATCH)], check=True, timeout=10)
-    _lints_clean([_tool("shellcheck"), "--shell=bash", "--severity=style", str(SBATCH)], 15)
+    _lints_clean([require_tool("shellcheck"), "--shell=bash", "--severity=style", str(SBATCH)], 15)
 
 
 @pytest.mark.timeout(20)
@@ -121,7 +112,7 @@ def docker_stages() -> dict[str, list[tuple[str, str]]]:
 
 @pytest.mark.timeout(30)
 def test_dockerfile_lints() -> None:
-    _lints_clean([_tool("hadolint"), "--no-color", str(DOCKERFILE)], 25)
+    _lints_clean([require_tool("hadolint"), "--no-color", str(DOCKERFILE)], 25)
 
 
 @pytest.mark.timeout(10)
@@ -226,7 +217,7 @@ def test_units_use_real_settings_and_are_hardened(
 
 @pytest.mark.timeout(30)
 def test_units_verify_and_score(tmp_path: Path) -> None:
-    sa = _tool("systemd-analyze")
+    sa = require_tool("systemd-analyze")
     hangwatch = Path(sys.executable).parent / "hangwatch"
     assert hangwatch.exists(), "the hangwatch console script is not installed beside python"
     units = []

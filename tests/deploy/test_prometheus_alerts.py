@@ -1,0 +1,339 @@
+"""The alert path, end to end: a real Prometheus scrapes a real coordinator during a hang.
+
+`promtool check rules` passes on every rules file in deploy/prometheus. Then a
+real `ServerRuntime` (gRPC, HTTP, SQLite, a token) is started on port 0, and
+Debian's `prometheus` binary is started with the scrape config that
+docs/operations.md tells operators to use (only the target and the token file
+put in), the shipped rules file itself, and 1 s scrape and evaluation
+intervals. Agents speaking the real wire protocol make a rank skip a
+collective and upload their dumps; the coordinator analyses the incident as a
+hang. Read back through Prometheus's own HTTP API: `HangwatchHang` fires with
+the training job and the verdict as labels, every rule evaluates without
+error against the live coordinator, no other alert is active, and the alert
+clears once the job makes progress again.
+
+A renamed metric or label that HangwatchHang uses, a rule Prometheus rejects or
+cannot evaluate, or a scrape config in the docs that loses the coordinator's
+`job` label fails here (test_monitoring.py checks every rule's names statically).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import yaml
+from hangwatch.server.runtime import ServerRuntime
+
+from hangwatch import formats
+from hangwatch.formats import ServerInfo
+from hangwatch.wire import pb, rpc
+from tests.deploy.conftest import require_tool
+from tests.server.conftest import ProtocolAgent, gloo_dump, make_config, rank_meta
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES_DIR = ROOT / "deploy" / "prometheus"
+RULES = RULES_DIR / "hangwatch-rules.yml"
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+JOB = "alert-path"
+TOKEN = "alert-path-test-token"
+DEADLINE_S = 30.0
+
+
+@pytest.mark.timeout(60)
+def test_promtool_checks_every_rules_file() -> None:
+    promtool = require_tool("promtool", "prometheus")
+    files = sorted(p for p in RULES_DIR.iterdir() if p.suffix in {".yml", ".yaml"})
+    assert RULES in files
+    out = subprocess.run(
+        [promtool, "check", "rules", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for f in files:
+        assert f"Checking {f}\n  SUCCESS:" in out.stdout, out.stdout
+
+
+def documented_scrape_config() -> dict[str, Any]:
+    """The scrape config in docs/operations.md, "Monitoring"."""
+    section = OPERATIONS.read_text(encoding="utf-8").split("\n## Monitoring\n", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block, "no yaml block in docs/operations.md's Monitoring section"
+    (job,) = yaml.safe_load(block.group(1))["scrape_configs"]
+    assert isinstance(job, dict)
+    return job
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bearer(channel: grpc.Channel, token: str) -> grpc.Channel:
+    """The channel with the token on every call, as the real agent sends it."""
+
+    class Auth(
+        grpc.UnaryUnaryClientInterceptor,
+        grpc.UnaryStreamClientInterceptor,
+        grpc.StreamUnaryClientInterceptor,
+    ):
+        def _with(self, details: Any) -> Any:
+            md = [*(details.metadata or ()), ("authorization", f"Bearer {token}")]
+            return details._replace(metadata=md)
+
+        def intercept_unary_unary(self, cont: Any, details: Any, request: Any) -> Any:
+            return cont(self._with(details), request)
+
+        def intercept_unary_stream(self, cont: Any, details: Any, request: Any) -> Any:
+            return cont(self._with(details), request)
+
+        def intercept_stream_unary(self, cont: Any, details: Any, requests: Any) -> Any:
+            return cont(self._with(details), requests)
+
+    return grpc.intercept_channel(channel, Auth())
+
+
+@dataclass
+class Prometheus:
+    url: str
+    config: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def log_tail(self, n: int = 40) -> str:
+        lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def api(self, path: str) -> Any:
+        r = httpx.get(self.url + path, timeout=5)
+        r.raise_for_status()
+        body = r.json()
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def wait(self, what: str, probe: Callable[[], tuple[bool, Any]]) -> Any:
+        """Poll `probe` (-> done, what was seen) until done or DEADLINE_S passed."""
+        end = time.monotonic() + DEADLINE_S
+        seen: Any = None
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"prometheus exited:\n{self.log_tail()}"
+            done, seen = probe()
+            if done:
+                return seen
+            time.sleep(0.2)
+        targets = self.api("/api/v1/targets")["activeTargets"]
+        raise AssertionError(
+            f"timed out after {DEADLINE_S}s waiting for {what}; last seen: {seen}\n"
+            f"targets: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets]}\n"
+            f"prometheus log:\n{self.log_tail()}"
+        )
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("token") / "hangwatch-token"
+    path.write_text(TOKEN + "\n", encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, token_file: Path) -> Iterator[ServerInfo]:
+    conf = make_config(
+        tmp_path_factory.mktemp("coord"),
+        stall_timeout=0.3,
+        dump_deadline=30.0,
+        token_file=str(token_file),
+    )
+    rt = ServerRuntime(conf)
+    info = rt.start()
+    try:
+        yield info
+    finally:
+        rt.shutdown()
+
+
+def start_prometheus(binary: str, workdir: Path, target: str, token_file: Path) -> Prometheus:
+    """Prometheus with the documented scrape job aimed at `target`, on a free port."""
+    scrape = documented_scrape_config()
+    scrape["static_configs"] = [{"targets": [target]}]
+    scrape["authorization"]["credentials_file"] = str(token_file)
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],  # the shipped file, unchanged
+                "scrape_configs": [scrape],
+            }
+        ),
+        encoding="utf-8",
+    )
+    for attempt in range(2):
+        port = free_port()  # closed again: another process may take it first, hence the retry
+        log = workdir / f"prometheus-{attempt}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / f'tsdb-{attempt}'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=info",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        prom = Prometheus(f"http://127.0.0.1:{port}", config, log, proc)
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end and proc.poll() is None:
+            try:
+                if httpx.get(prom.url + "/-/ready", timeout=2).status_code == 200:
+                    return prom
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        stop(proc)
+        if attempt == 0 and "address already in use" in prom.log_tail():
+            continue
+        raise AssertionError(f"prometheus did not become ready:\n{prom.log_tail()}")
+    raise AssertionError("unreachable")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def prometheus_binary() -> str:
+    return require_tool("prometheus", "prometheus")
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    prometheus_binary: str,  # first: no coordinator is started where it is missing
+    tmp_path_factory: pytest.TempPathFactory,
+    server: ServerInfo,
+    token_file: Path,
+) -> Iterator[Prometheus]:
+    binary = prometheus_binary
+    target = server.http.removeprefix("http://")
+    prom = start_prometheus(binary, tmp_path_factory.mktemp("prometheus"), target, token_file)
+    try:
+        yield prom
+    finally:
+        stop(prom.proc)
+
+
+def alerts(prom: Prometheus) -> list[dict[str, Any]]:
+    return list(prom.api("/api/v1/alerts")["alerts"])
+
+
+@pytest.mark.timeout(120)
+def test_a_hang_fires_the_hang_alert_in_a_real_prometheus(
+    prometheus: Prometheus, server: ServerInfo
+) -> None:
+    prom = prometheus
+    check = subprocess.run(
+        [require_tool("promtool", "prometheus"), "check", "config", str(prom.config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # The coordinator is scraped, with the token, before anything happens.
+    def scraped() -> tuple[bool, Any]:
+        targets = prom.api("/api/v1/targets")["activeTargets"]
+        return any(t["health"] == "up" for t in targets), targets
+
+    prom.wait("the coordinator to be scraped", scraped)
+
+    with grpc.insecure_channel(server.grpc) as raw:
+        stub = rpc.CoordinatorStub(bearer(raw, TOKEN))
+        a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=4)
+        b = ProtocolAgent(stub, job_id=JOB, agent_id="node-b", ranks=[2, 3], world_size=4)
+        try:
+            for ag in (a, b):
+                ag.register()
+                ag.watch()
+            for step in range(1, 4):
+                a.progress({0: (step, step), 1: (step, step)})
+                b.progress({2: (step, step), 3: (step, step)})
+            # Rank 2 never enters collective 4; the others wait in it.
+            a.progress({0: (4, 3), 1: (4, 3)})
+            b.progress({2: (3, 3), 3: (4, 3)})
+            cmd = a.next_command(timeout=10)
+            assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
+            iid = cmd.incident_id
+            for ag, seqs in ((a, {0: (4, 3), 1: (4, 3)}), (b, {2: (3, 3), 3: (4, 3)})):
+                for r, (le, lc) in seqs.items():
+                    dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
+                    assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
+                    assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4)).complete
+                assert ag.complete(iid, sorted(seqs))
+
+            def firing() -> tuple[bool, Any]:
+                seen = alerts(prom)
+                return any(
+                    x["labels"]["alertname"] == "HangwatchHang" and x["state"] == "firing"
+                    for x in seen
+                ), seen
+
+            seen = prom.wait("HangwatchHang to fire", firing)
+            (hang,) = (x for x in seen if x["labels"]["alertname"] == "HangwatchHang")
+            # The training job and the verdict survive the scrape as the rule's labels.
+            assert hang["labels"] == {
+                "alertname": "HangwatchHang",
+                "job": JOB,
+                "verdict": "hang",
+                "severity": "page",
+            }, hang
+            assert hang["annotations"]["summary"] == f"Job {JOB} is hung (hang)"
+            # Nothing else is pending or firing: the other rules stay quiet on a plain hang.
+            assert {x["labels"]["alertname"] for x in seen} == {"HangwatchHang"}, seen
+
+            # Every rule evaluates against the live coordinator without error.
+            shipped = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+            names = {r["alert"] for g in shipped["groups"] for r in g["rules"]}
+            groups = prom.api("/api/v1/rules")["groups"]
+            rules = {r["name"]: r for g in groups for r in g["rules"]}
+            assert set(rules) == names
+            for name, rule in rules.items():
+                assert rule["health"] == "ok" and not rule.get("lastError"), (name, rule)
+                assert not rule["lastEvaluation"].startswith("0001-"), (name, rule)
+
+            # The job moves on: the incident resolves and the alert clears.
+            a.progress({0: (4, 4), 1: (4, 4)})
+            b.progress({2: (4, 4), 3: (4, 4)})
+
+            def cleared() -> tuple[bool, Any]:
+                seen = alerts(prom)
+                return not any(x["labels"]["alertname"] == "HangwatchHang" for x in seen), seen
+
+            prom.wait("HangwatchHang to clear", cleared)
+        finally:
+            a.close()
+            b.close()
