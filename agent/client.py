@@ -6,7 +6,7 @@ import logging
 import random
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 
@@ -41,6 +41,14 @@ class Backoff:
 
 class StaleSession(Exception):
     """The coordinator does not know this session (it restarted): register again."""
+
+
+class Sender(TypedDict):
+    """The fields by which every message after Register says whose it is."""
+
+    job_id: str
+    agent_id: str
+    session_id: str
 
 
 def build_channel(cfg: Config) -> grpc.Channel:
@@ -103,6 +111,17 @@ class CoordinatorClient:
             self._session_id = ""
             self._registered.clear()
 
+    def _stale(self, what: str) -> StaleSession:
+        """The coordinator does not know our session: forget it (the agent
+        registers again) and say so to the caller, which raises it."""
+        self.invalidate()
+        return StaleSession(f"{what}: session unknown")
+
+    def _sender(self) -> Sender:
+        return Sender(
+            job_id=self.cfg.job.job_id, agent_id=self.agent_id, session_id=self.session_id
+        )
+
     def wait_registered(self, timeout: float) -> str:
         self._registered.wait(timeout)
         return self.session_id
@@ -137,9 +156,7 @@ class CoordinatorClient:
         clock_error_ns: int = 0,
     ) -> None:
         req = pb.ProgressReport(
-            job_id=self.cfg.job.job_id,
-            agent_id=self.agent_id,
-            session_id=self.session_id,
+            **self._sender(),
             report_seq=seq,
             ranks=ranks,
             clock_offset_ns=clock_offset_ns,
@@ -147,8 +164,7 @@ class CoordinatorClient:
         )
         ack = self.stub.ReportProgress(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
         if not ack.known:
-            self.invalidate()
-            raise StaleSession("progress: session unknown")
+            raise self._stale("progress")
 
     def health(self, req: pb.HealthRequest) -> pb.HealthResponse:
         resp: pb.HealthResponse = self.stub.Health(
@@ -157,23 +173,14 @@ class CoordinatorClient:
         return resp
 
     def report_entries(self, entries: list[pb.FrEntry], dropped: int) -> None:
-        req = pb.EntryBatch(
-            job_id=self.cfg.job.job_id,
-            agent_id=self.agent_id,
-            session_id=self.session_id,
-            entries=entries,
-            dropped=dropped,
-        )
+        req = pb.EntryBatch(**self._sender(), entries=entries, dropped=dropped)
         ack = self.stub.ReportEntries(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
         if not ack.known:
-            self.invalidate()
-            raise StaleSession("entries: session unknown")
+            raise self._stale("entries")
 
     def report_event(self, kind: int, rank: int, detail: str, age_s: float) -> str:
         req = pb.Event(
-            job_id=self.cfg.job.job_id,
-            agent_id=self.agent_id,
-            session_id=self.session_id,
+            **self._sender(),
             kind=kind,  # type: ignore[arg-type]
             rank=rank,
             detail=detail[:4000],
@@ -183,16 +190,13 @@ class CoordinatorClient:
             ack = self.stub.ReportEvent(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self.invalidate()
-                raise StaleSession("event: session unknown") from e
+                raise self._stale("event") from e
             raise
         return str(ack.incident_id)
 
     def watch_commands(self) -> Any:
         """The server stream of commands (a call object: iterate it, `cancel()` it)."""
-        req = pb.WatchRequest(
-            job_id=self.cfg.job.job_id, agent_id=self.agent_id, session_id=self.session_id
-        )
+        req = pb.WatchRequest(**self._sender())
         return self.stub.WatchCommands(req, metadata=self.metadata)
 
     def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:

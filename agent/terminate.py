@@ -19,7 +19,7 @@ import select
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final
 
 from hangwatch import hook_protocol
@@ -63,14 +63,8 @@ class Outcome:
     detail: str = ""
 
     def to_pb(self) -> pb.ActionResult:
-        return pb.ActionResult(
-            rank=self.rank,
-            pid=self.pid,
-            outcome=self.outcome,
-            signals=self.signals,
-            exit_s=self.exit_s,
-            detail=self.detail[:MAX_DETAIL],
-        )
+        # The message is exactly these fields; only the detail is capped.
+        return pb.ActionResult(**{**asdict(self), "detail": self.detail[:MAX_DETAIL]})
 
 
 def refuse(targets: Iterable[Target], why: str) -> list[Outcome]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import grpc
@@ -41,33 +41,61 @@ def file_chunks(
     size: int,
 ) -> Iterator[pb.BundleChunk]:
     """The file as a stream of chunks; the digest goes on the last one."""
-    name = os.path.basename(path)
     total = os.path.getsize(path)
+    with open(path, "rb") as f:
+        yield from read_chunks(
+            f.read,
+            total=total,
+            size=size,
+            file_name=os.path.basename(path),
+            job_id=job_id,
+            agent_id=agent_id,
+            incident_id=incident_id,
+            rank=rank,
+        )
+
+
+def read_chunks(
+    read: Callable[[int], bytes],
+    *,
+    total: int,
+    size: int,
+    file_name: str,
+    job_id: str,
+    agent_id: str,
+    incident_id: str,
+    rank: int,
+    sha256: str | None = None,
+) -> Iterator[pb.BundleChunk]:
+    """`total` bytes from `read` as a stream of chunks, the size on the first and
+    the digest on the last. `sha256`: the digest when the caller already has it
+    (the simulated agents keep their dumps' digests), else it is computed from
+    what is read."""
     digest = hashlib.sha256()
     offset = 0
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(size)
+    while True:
+        data = read(size)
+        if sha256 is None:
             digest.update(data)
-            last = offset + len(data) >= total
-            chunk = pb.BundleChunk(
-                job_id=job_id,
-                agent_id=agent_id,
-                incident_id=incident_id,
-                rank=rank,
-                file_name=name,
-                offset=offset,
-                data=data,
-                last=last,
-            )
-            if offset == 0:
-                chunk.total_size = total
-            if last:
-                chunk.sha256 = digest.hexdigest()
-            yield chunk
-            offset += len(data)
-            if last:
-                return
+        last = offset + len(data) >= total
+        chunk = pb.BundleChunk(
+            job_id=job_id,
+            agent_id=agent_id,
+            incident_id=incident_id,
+            rank=rank,
+            file_name=file_name,
+            offset=offset,
+            data=data,
+            last=last,
+        )
+        if offset == 0:
+            chunk.total_size = total
+        if last:
+            chunk.sha256 = digest.hexdigest() if sha256 is None else sha256
+        yield chunk
+        offset += len(data)
+        if last:
+            return
 
 
 def upload_file(

@@ -49,16 +49,21 @@ MAX_ENTRIES_PER_FILE = 5_000_000
 MAX_FRAMED_ENTRIES_PER_FILE = 64
 
 
+# The integer columns read as they are from an entry's key of the same name,
+# each with the value an entry without it (or with null) takes.
+_READ_INTS: dict[str, int] = {
+    "record_id": -1,
+    "pg_id": -1,
+    "collective_seq_id": -1,
+    "p2p_seq_id": 0,
+    "op_id": -1,
+    "time_created_ns": 0,
+    "time_discovered_started_ns": 0,
+    "time_discovered_completed_ns": 0,
+    "timeout_ms": 0,
+}
 INT_COLUMNS = (
-    "record_id",
-    "pg_id",
-    "collective_seq_id",
-    "p2p_seq_id",
-    "op_id",
-    "time_created_ns",
-    "time_discovered_started_ns",
-    "time_discovered_completed_ns",
-    "timeout_ms",
+    *_READ_INTS,
     "peer_src",  # group-local peer ranks parsed from "send 0->1"/"recv 1<-0"; -1 if none
     "peer_dst",
     "in_numel",  # total elements over all input tensors; -1 when sizes are absent
@@ -148,21 +153,7 @@ _META_KEYS = (
     "is_p2p",
     "retired",
 )
-_VALUE_KEYS = (
-    "record_id",
-    "pg_id",
-    "collective_seq_id",
-    "p2p_seq_id",
-    "op_id",
-    "time_created_ns",
-    "input_sizes",
-    "input_dtypes",
-    "output_sizes",
-    "output_dtypes",
-    "time_discovered_started_ns",
-    "time_discovered_completed_ns",
-    "timeout_ms",
-)
+_VALUE_KEYS = (*_READ_INTS, "input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
 _META_GET = operator.itemgetter(*_META_KEYS)
 _DEFAULTS: dict[str, Any] = {"p2p_seq_id": 0, "retired": False, "state": "scheduled"}
 
@@ -399,19 +390,7 @@ def decode_dump(raw: Any, *, max_entries: int = MAX_ENTRIES_PER_FILE) -> ParsedD
     out_n = np.array([numel(out_raw[i]) for i in out_s.reps], dtype=np.int64)[out_s.codes]
 
     columns: dict[str, Any] = {
-        "record_id": fast_int_column(col("record_id"), -1, "record_id"),
-        "pg_id": fast_int_column(col("pg_id"), -1, "pg_id"),
-        "collective_seq_id": fast_int_column(coll_seq, -1, "collective_seq_id"),
-        "p2p_seq_id": fast_int_column(col("p2p_seq_id"), 0, "p2p_seq_id"),
-        "op_id": fast_int_column(col("op_id"), -1, "op_id"),
-        "time_created_ns": fast_int_column(col("time_created_ns"), 0, "time_created_ns"),
-        "time_discovered_started_ns": fast_int_column(
-            col("time_discovered_started_ns"), 0, "time_discovered_started_ns"
-        ),
-        "time_discovered_completed_ns": fast_int_column(
-            col("time_discovered_completed_ns"), 0, "time_discovered_completed_ns"
-        ),
-        "timeout_ms": fast_int_column(col("timeout_ms"), 0, "timeout_ms"),
+        **{k: fast_int_column(col(k), default, k) for k, default in _READ_INTS.items()},
         "peer_src": meta.peer_src,
         "peer_dst": meta.peer_dst,
         "in_numel": in_n,

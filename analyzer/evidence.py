@@ -174,12 +174,7 @@ def rank_evidence(
         last_c: CollectiveRef | None = None
         if r in newest_done.index:
             row = newest_done.loc[r]
-            last_c = CollectiveRef(
-                group=str(row["group"]),
-                seq=_seq(row),
-                op=str(row["op"]),
-                state="retired" if row["retired"] else str(row["state"]),
-            )
+            last_c = _ref(row)
         elif (
             sc is not None
             and sc.group in comp
@@ -195,12 +190,7 @@ def rank_evidence(
         frames: list[Frame] = []
         if r in newest.index:
             row = newest.loc[r]
-            last_e = CollectiveRef(
-                group=str(row["group"]),
-                seq=_seq(row),
-                op=str(row["op"]),
-                state="retired" if row["retired"] else str(row["state"]),
-            )
+            last_e = _ref(row)
             fr = scope.loaded.frames.get((r, int(row["record_id"])))
             if fr is None:
                 fr = _any_frames(scope, r)
@@ -244,5 +234,11 @@ def _newest_per_rank(E: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
     return E.iloc[rows[order[last]]].set_index("rank")
 
 
-def _seq(row: pd.Series) -> int:
-    return int(row["p2p_seq_id"] if row["is_p2p"] else row["collective_seq_id"])
+def _ref(row: pd.Series) -> CollectiveRef:
+    """The collective one FR entry row stands for."""
+    return CollectiveRef(
+        group=str(row["group"]),
+        seq=int(row["p2p_seq_id"] if row["is_p2p"] else row["collective_seq_id"]),
+        op=str(row["op"]),
+        state="retired" if row["retired"] else str(row["state"]),
+    )

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from hangwatch.analyzer.scope import Scope
 from hangwatch.analyzer.streams import HeadOp
-from hangwatch.analyzer.waits import Wait
+from hangwatch.analyzer.waits import Wait, p2p_wait
 
 
 def outside_waits(scope: Scope, pending: pd.DataFrame) -> list[Wait]:
@@ -53,18 +53,8 @@ def outside_waits(scope: Scope, pending: pd.DataFrame) -> list[Wait]:
             pending["is_p2p"].to_numpy() & (peer >= 0) & ~np.isin(peer, list(sel | scope.dumped))
         ]
         for (g, k), sub in p2p.groupby(["group", "p2p_seq_id"]):
-            w = Wait(
-                group=str(g),
-                seq=int(k),
-                kind="p2p",
-                waiters={int(r) for r in sub["rank"]},
-                targets={int(p) for p in sub["peer"]},
-                op=str(sub["op"].iloc[0]),
-                profiling_name=str(scope.entries.at[sub.index[0], "profiling_name"]),
-            )
-            for r, p in zip(sub["rank"], sub["peer"], strict=True):
-                w.detail.setdefault(int(r), set()).add(int(p))
-            out.append(w)
+            name = str(scope.entries.at[sub.index[0], "profiling_name"])
+            out.append(p2p_wait(g, k, sub, profiling_name=name))
     return out
 
 

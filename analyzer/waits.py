@@ -45,6 +45,26 @@ class Wait:
 OTHER_SIDE = {"send": "recv", "recv": "send"}
 
 
+def p2p_wait(
+    group: Any, seq: Any, rows: pd.DataFrame, *, profiling_name: str, oldest_ns: int = 0
+) -> Wait:
+    """The p2p wait of `rows`: one pending entry per row, each waiter's peer in
+    column "peer", all at (`group`, p2p `seq`)."""
+    w = Wait(
+        group=str(group),
+        seq=int(seq),
+        kind="p2p",
+        waiters={int(r) for r in rows["rank"]},
+        targets={int(p) for p in rows["peer"]},
+        op=str(rows["op"].iloc[0]),
+        profiling_name=profiling_name,
+        oldest_ns=oldest_ns,
+    )
+    for r, p in zip(rows["rank"], rows["peer"], strict=True):
+        w.detail.setdefault(int(r), set()).add(int(p))
+    return w
+
+
 class Unmatched(NamedTuple):
     """A p2p op whose peer has not posted its side."""
 
@@ -255,18 +275,13 @@ def p2p_waits(scope: Scope) -> P2pWaits:
     waits: list[Wait] = []
     unmatched: list[Unmatched] = []
     for (g, k, _), grp in blamed.groupby(["group", "p2p_seq_id", "nodump"]):
-        w = Wait(
-            group=str(g),
-            seq=int(k),
-            kind="p2p",
-            waiters={int(r) for r in grp["rank"]},
-            targets={int(p) for p in grp["peer"]},
-            op=str(grp["op"].iloc[0]),
+        w = p2p_wait(
+            g,
+            k,
+            grp,
             profiling_name=str(grp["profiling_name"].iloc[0]),
             oldest_ns=int(grp["time_created_ns"].min()),
         )
-        for r, p in zip(grp["rank"], grp["peer"], strict=True):
-            w.detail.setdefault(int(r), set()).add(int(p))
         w.targets -= w.waiters
         w.on_missing = bool(w.targets) and not w.targets & scope.dumped
         waits.append(w)

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
 SCHEMA_KEY = "schema"
+T = TypeVar("T")
 
 
 class FormatError(ValueError):
@@ -84,13 +85,29 @@ def _wrong(schema: str, key: str, want: str, v: Any) -> NoReturn:
     fail(schema, f"field {key!r} should be {want}, got {_kind(v)} {_short(v)}")
 
 
-def req_int(d: Mapping[str, Any], key: str, schema: str, *, minimum: int | None = None) -> int:
+def _required(d: Mapping[str, Any], key: str, schema: str, v: T | None, want: str) -> T:
+    """`v`, the field as its opt_ reader read it with no default: missing and
+    null are both errors, told apart."""
     if key not in d:
         fail(schema, f"required field {key!r} is missing")
-    v = opt_int(d, key, schema, None, minimum=minimum)
     if v is None:
-        _wrong(schema, key, "an integer", None)
+        _wrong(schema, key, want, None)
     return v
+
+
+def _opt_typed(
+    d: Mapping[str, Any], key: str, schema: str, default: T | None, kind: type[T], want: str
+) -> T | None:
+    v = d.get(key, default)
+    if v is None:
+        return None
+    if not isinstance(v, kind):
+        _wrong(schema, key, want, v)
+    return v
+
+
+def req_int(d: Mapping[str, Any], key: str, schema: str, *, minimum: int | None = None) -> int:
+    return _required(d, key, schema, opt_int(d, key, schema, None, minimum=minimum), "an integer")
 
 
 def opt_int(
@@ -116,40 +133,20 @@ def opt_float(d: Mapping[str, Any], key: str, schema: str, default: float | None
 
 
 def req_str(d: Mapping[str, Any], key: str, schema: str) -> str:
-    if key not in d:
-        fail(schema, f"required field {key!r} is missing")
-    v = opt_str(d, key, schema, None)
-    if v is None:
-        _wrong(schema, key, "a string", None)
-    return v
+    return _required(d, key, schema, opt_str(d, key, schema, None), "a string")
 
 
 def opt_str(d: Mapping[str, Any], key: str, schema: str, default: str | None) -> str | None:
-    v = d.get(key, default)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        _wrong(schema, key, "a string", v)
-    return v
+    return _opt_typed(d, key, schema, default, str, "a string")
 
 
 def opt_bool(d: Mapping[str, Any], key: str, schema: str, default: bool | None) -> bool | None:
-    v = d.get(key, default)
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        _wrong(schema, key, "true or false", v)
-    return v
+    return _opt_typed(d, key, schema, default, bool, "true or false")
 
 
 def opt_object(d: Mapping[str, Any], key: str, schema: str) -> dict[str, Any] | None:
     """A free-form JSON object (None when absent)."""
-    v = d.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        _wrong(schema, key, "an object", v)
-    return v
+    return _opt_typed(d, key, schema, None, dict, "an object")
 
 
 def str_map(d: Mapping[str, Any], key: str, schema: str) -> dict[str, str]:
@@ -163,11 +160,7 @@ def str_map(d: Mapping[str, Any], key: str, schema: str) -> dict[str, str]:
 
 def object_list(d: Mapping[str, Any], key: str, schema: str) -> list[Mapping[str, Any]]:
     """A list of objects ([] when absent)."""
-    v = d.get(key)
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        _wrong(schema, key, "a list", v)
+    v = _opt_typed(d, key, schema, None, list, "a list") or []
     for i, x in enumerate(v):
         if not isinstance(x, dict):
             _wrong(schema, f"{key}[{i}]", "an object", x)
@@ -176,11 +169,7 @@ def object_list(d: Mapping[str, Any], key: str, schema: str) -> list[Mapping[str
 
 def int_list(d: Mapping[str, Any], key: str, schema: str) -> list[int]:
     """A list of integers ([] when absent)."""
-    v = d.get(key)
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        _wrong(schema, key, "a list of integers", v)
+    v = _opt_typed(d, key, schema, None, list, "a list of integers") or []
     # type() is, not isinstance: bool is an int subclass, and this runs per member.
     if not all(type(x) is int for x in v):
         bad = next(x for x in v if type(x) is not int)
@@ -190,10 +179,8 @@ def int_list(d: Mapping[str, Any], key: str, schema: str) -> list[int]:
 
 def str_list(d: Mapping[str, Any], key: str, schema: str) -> list[str]:
     """A list of strings ([] when absent)."""
-    v = d.get(key)
-    if v is None:
-        return []
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+    v = _opt_typed(d, key, schema, None, list, "a list of strings") or []
+    if not all(isinstance(x, str) for x in v):
         _wrong(schema, key, "a list of strings", v)
     return v
 
@@ -226,9 +213,6 @@ def known(enum: type[E], value: str) -> E | str:
         return enum(value)
     except ValueError:
         return value
-
-
-T = TypeVar("T")
 
 
 def each(

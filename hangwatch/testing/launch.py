@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,28 +57,19 @@ def _tail(path: Path, limit: int) -> str:
     return data[-limit:].decode("utf-8", "replace")
 
 
+# eq=False: a handle is one running job, compared and hashed by identity.
+@dataclass(kw_only=True, eq=False)
 class JobHandle:
     """A running hang-zoo job. Use it as a context manager so ranks never outlive it."""
 
-    def __init__(
-        self,
-        *,
-        scenario: Scenario,
-        world_size: int,
-        steps_before_fault: int,
-        workdir: Path,
-        snapshot_dir: Path | None,
-        master_port: int,
-        ranks: list[RankProcess],
-    ) -> None:
-        self.scenario = scenario
-        self.world_size = world_size
-        self.steps_before_fault = steps_before_fault
-        self.workdir = workdir
-        self.snapshot_dir = snapshot_dir
-        self.master_port = master_port
-        self.ranks = ranks
-        self._terminated = False
+    scenario: Scenario
+    world_size: int
+    steps_before_fault: int
+    workdir: Path
+    snapshot_dir: Path | None
+    master_port: int
+    ranks: list[RankProcess]
+    _terminated: bool = field(default=False, init=False, repr=False)
 
     # --- inspection -----------------------------------------------------------
 

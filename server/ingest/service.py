@@ -163,15 +163,24 @@ class CoordinatorService(rpc.CoordinatorServicer):
         await context.abort(code, msg)
         raise AssertionError("unreachable")  # abort raises
 
+    async def _check(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        check: Callable[[], None],
+    ) -> None:
+        """Refuse a request that `check` finds invalid, as INVALID_ARGUMENT."""
+        try:
+            check()
+        except Invalid as e:
+            await self._fail(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
     # ---- RPCs --------------------------------------------------------------
 
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RegisterResponse:
-        try:
-            validate.register_request(request)
-        except Invalid as e:
-            await self._fail(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._check(context, "Register", lambda: validate.register_request(request))
         session_id = self.registry.register(request)
         if self.stragglers is not None:
             self.stragglers.register(request)
@@ -259,11 +268,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
     async def WatchCommands(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.Command]:
-        try:
-            validate.ident("job_id", request.job_id)
-            validate.ident("agent_id", request.agent_id)
-        except Invalid as e:
-            await self._fail(context, "WatchCommands", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._check(context, "WatchCommands", lambda: validate.sender(request))
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
@@ -432,8 +437,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
 
     async def _check_upload(self, first: pb.BundleChunk) -> None:
         """The first chunk of a file names a job, agent, incident and rank that fit."""
-        validate.ident("job_id", first.job_id)
-        validate.ident("agent_id", first.agent_id)
+        validate.sender(first)
         validate.incident_id(first.incident_id)
         validate.file_name(first.file_name)
         validate.rank(first.rank)
@@ -470,10 +474,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
     async def CompleteDump(
         self, request: pb.DumpResult, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DumpResultAck:
-        try:
-            validate.dump_result(request)
-        except Invalid as e:
-            await self._fail(context, "CompleteDump", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self._check(context, "CompleteDump", lambda: validate.dump_result(request))
         if request.actions:
             accepted = self.actions is not None and self.actions.on_result(request)
         else:

@@ -8,7 +8,8 @@ making the coordinator hold unbounded memory or write outside its data dir.
 from __future__ import annotations
 
 import re
-from typing import Final
+from collections.abc import Sized
+from typing import Final, Protocol
 
 from hangwatch.server.incidents.store import INCIDENT_ID_RE
 from hangwatch.server.live.registry import MAX_GROUPS_PER_RANK, MAX_RANKS_PER_AGENT, MAX_WORLD_SIZE
@@ -40,6 +41,30 @@ def ident(kind: str, value: str) -> str:
     if not value.isprintable():
         raise Invalid(f"{kind} {value!r} contains non-printable characters")
     return value
+
+
+class _Sent(Protocol):
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def agent_id(self) -> str: ...
+
+
+def sender(req: _Sent) -> None:
+    """Every agent message names its job and its agent."""
+    ident("job_id", req.job_id)
+    ident("agent_id", req.agent_id)
+
+
+def at_most(items: Sized, limit: int, what: str) -> None:
+    """`what` reads after the count: "ranks in one report"."""
+    if len(items) > limit:
+        raise Invalid(f"{len(items)} {what} (limit {limit})")
+
+
+def _rank_groups(r: int, groups: Sized) -> None:
+    if len(groups) > MAX_GROUPS_PER_RANK:
+        raise Invalid(f"rank {r}: {len(groups)} groups (limit {MAX_GROUPS_PER_RANK})")
 
 
 def group_name(value: str) -> str:
@@ -77,11 +102,9 @@ def rank(value: int, *, world_size: int | None = None) -> int:
 
 
 def register_request(req: pb.RegisterRequest) -> None:
-    ident("job_id", req.job_id)
-    ident("agent_id", req.agent_id)
+    sender(req)
     text("host", req.host)
-    if len(req.ranks) > MAX_RANKS_PER_AGENT:
-        raise Invalid(f"{len(req.ranks)} ranks on one agent (limit {MAX_RANKS_PER_AGENT})")
+    at_most(req.ranks, MAX_RANKS_PER_AGENT, "ranks on one agent")
     seen: set[int] = set()
     for ri in req.ranks:
         if not 0 < ri.world_size <= MAX_WORLD_SIZE:
@@ -92,8 +115,7 @@ def register_request(req: pb.RegisterRequest) -> None:
         if ri.rank in seen:
             raise Invalid(f"rank {ri.rank} listed twice")
         seen.add(ri.rank)
-        if len(ri.groups) > MAX_GROUPS_PER_RANK:
-            raise Invalid(f"rank {ri.rank}: {len(ri.groups)} groups (limit {MAX_GROUPS_PER_RANK})")
+        _rank_groups(ri.rank, ri.groups)
         for g in ri.groups:
             group_name(g.name)
             text("group desc", g.desc)
@@ -117,14 +139,11 @@ def register_request(req: pb.RegisterRequest) -> None:
 
 
 def progress_report(req: pb.ProgressReport) -> None:
-    ident("job_id", req.job_id)
-    ident("agent_id", req.agent_id)
-    if len(req.ranks) > MAX_RANKS_PER_AGENT:
-        raise Invalid(f"{len(req.ranks)} ranks in one report (limit {MAX_RANKS_PER_AGENT})")
+    sender(req)
+    at_most(req.ranks, MAX_RANKS_PER_AGENT, "ranks in one report")
     for rp in req.ranks:
         rank(rp.rank)
-        if len(rp.groups) > MAX_GROUPS_PER_RANK:
-            raise Invalid(f"rank {rp.rank}: {len(rp.groups)} groups (limit {MAX_GROUPS_PER_RANK})")
+        _rank_groups(rp.rank, rp.groups)
         for gp in rp.groups:
             group_name(gp.group)
             if gp.last_enqueued < -1 or gp.last_completed < -1:
@@ -132,26 +151,22 @@ def progress_report(req: pb.ProgressReport) -> None:
 
 
 def entry_batch(req: pb.EntryBatch) -> None:
-    ident("job_id", req.job_id)
-    ident("agent_id", req.agent_id)
-    if len(req.entries) > MAX_ENTRIES_PER_BATCH:
-        raise Invalid(f"{len(req.entries)} entries in one batch (limit {MAX_ENTRIES_PER_BATCH})")
+    sender(req)
+    at_most(req.entries, MAX_ENTRIES_PER_BATCH, "entries in one batch")
     for e in req.entries:
         rank(e.rank)
         group_name(e.group)
 
 
 def event(req: pb.Event) -> None:
-    ident("job_id", req.job_id)
-    ident("agent_id", req.agent_id)
+    sender(req)
     if req.rank != -1:
         rank(req.rank)
     text("detail", req.detail)
 
 
 def dump_result(req: pb.DumpResult) -> None:
-    ident("job_id", req.job_id)
-    ident("agent_id", req.agent_id)
+    sender(req)
     incident_id(req.incident_id)
     if len(req.ranks_dumped) > MAX_RANKS_PER_AGENT or len(req.failures) > MAX_FAILURES:
         raise Invalid("too many ranks in one dump result")

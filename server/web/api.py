@@ -47,17 +47,7 @@ def incident_summary(row: IncidentRow) -> schemas.IncidentSummary:
 
 
 def incident_detail(row: IncidentRow) -> schemas.IncidentDetail:
-    return schemas.IncidentDetail(
-        **incident_summary(row).model_dump(),
-        reason=row.reason,
-        updated=row.updated,
-        ranks_expected=row.ranks_expected,
-        ranks_dumped=row.ranks_dumped,
-        ranks_unreachable=row.ranks_unreachable,
-        error=row.error,
-        report=row.report,
-        actions=row.actions,
-    )
+    return schemas.from_record(schemas.IncidentDetail, row, **incident_summary(row).model_dump())
 
 
 def list_incident_rows(

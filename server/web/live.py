@@ -53,14 +53,9 @@ def _oldest(r: RankLive) -> tuple[str, int | None, float | None]:
 def rank_state(r: RankLive, suspects: set[int], groups: dict[str, GroupLive]) -> schemas.RankState:
     op, seq, in_age = _oldest(r)
     lag = progress_lag(r, groups)
-    return schemas.RankState(
-        rank=r.rank,
-        host=r.host,
-        pid=r.pid,
-        agent_id=r.agent_id,
-        connected=r.connected,
-        observed=r.observed,
-        process_state=r.process_state,
+    return schemas.from_record(
+        schemas.RankState,
+        r,
         lag=lag,
         p2p=any(g.counts_p2p for g in r.groups),
         lag_bucket=lag_bucket(r, lag),
@@ -68,22 +63,8 @@ def rank_state(r: RankLive, suspects: set[int], groups: dict[str, GroupLive]) ->
         in_flight_op=op,
         in_flight_seq=seq,
         in_flight_age_s=in_age,
-        last_report_age_s=r.last_report_age_s,
         suspect=r.rank in suspects,
-        groups=[
-            schemas.RankGroupState(
-                group=g.group,
-                last_enqueued=g.last_enqueued,
-                last_completed=g.last_completed,
-                in_flight_seq=g.in_flight_seq,
-                in_flight_op=g.in_flight_op,
-                in_flight_age_s=g.in_flight_age_s,
-                counts_p2p=g.counts_p2p,
-                collectives_enqueued=g.collectives_enqueued,
-                collectives_completed=g.collectives_completed,
-            )
-            for g in r.groups
-        ],
+        groups=[schemas.RankGroupState.model_validate(g, from_attributes=True) for g in r.groups],
     )
 
 
@@ -124,42 +105,14 @@ def job_ranks(
         ranks=[rank_state(r, suspects, by_name) for r in snap.ranks],
         missing_ranks=missing,
         groups=[
-            schemas.GroupState(
-                name=g.name,
-                desc=descs[g.name],
-                ranks=g.ranks,
-                max_completed=g.max_completed,
-                min_completed=g.min_completed,
-                max_enqueued=g.max_enqueued,
-                no_progress_for_s=g.no_progress_for_s,
-            )
-            for g in snap.groups
+            schemas.from_record(schemas.GroupState, g, desc=descs[g.name]) for g in snap.groups
         ],
         stalled=[
-            schemas.StalledState(
-                group=st.group,
-                group_desc=descs.get(st.group, ""),
-                seq=st.seq,
-                op=st.op,
-                kind=st.kind,
-                waiting_ranks=st.waiting_ranks,
-                not_entered_ranks=st.not_entered_ranks,
-                dead_ranks=st.dead_ranks,
-                unobserved_ranks=st.unobserved_ranks,
-                stalled_for_s=st.stalled_for_s,
-                over_timeout=st.over_timeout,
-            )
+            schemas.from_record(schemas.StalledState, st, group_desc=descs.get(st.group, ""))
             for st in snap.stalled
         ],
         agents=[
-            schemas.AgentState(
-                agent_id=a.agent_id,
-                host=a.host,
-                ranks=a.ranks,
-                connected=a.connected,
-                watching=a.watching,
-                last_report_age_s=a.last_report_age_s,
-            )
+            schemas.AgentState.model_validate(a, from_attributes=True)
             for a in sorted(snap.agents, key=lambda a: (a.connected, _natural(a.agent_id)))
         ],
         open_incident=snap.open_incident or open_incident,

@@ -7,9 +7,25 @@ to `Report.from_dict`.
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ActionRecord
 from pydantic import BaseModel, Field
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def from_record(model: type[M], record: object, **given: Any) -> M:
+    """`model` with every field that `given` does not name read from `record`'s
+    attribute of the same name: most views are their record's own fields, and
+    naming each one twice let a field added to both be left out of the view.
+    `given`: what the view computes or renames. A field the record lacks is an
+    AttributeError, never a silent default. (A view that computes nothing is
+    pydantic's own `model_validate(record, from_attributes=True)`, faster.)"""
+    fields = {name: getattr(record, name) for name in model.model_fields if name not in given}
+    return model.model_validate({**fields, **given})
+
 
 JOB_STATE = (
     "live: its agents report and its ranks may run; ended: the coordinator still holds its"

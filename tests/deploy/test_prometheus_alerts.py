@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, token_file: Path) -> Iterat
         dump_deadline=30.0,
         token_file=str(token_file),
     )
-    rt = ServerRuntime(conf)
+    rt = ServerRuntime(conf, threading.Event())
     info = rt.start()
     try:
         yield info

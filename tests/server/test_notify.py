@@ -289,7 +289,10 @@ def test_notify_urls_from_repeated_flags_or_one_comma_separated_variable() -> No
     cfg.add_arguments(p, cfg.SERVER)
     ns = p.parse_args(["--notify-url", "http://a.example/x", "--notify-url", "https://b.example"])
     environ = {env_var("notify_url"): "http://c.example, http://d.example"}
-    assert cfg.from_sources(ns, environ).respond.notify_url == ("http://a.example/x", "https://b.example")
+    assert cfg.from_sources(ns, environ).respond.notify_url == (
+        "http://a.example/x",
+        "https://b.example",
+    )
     assert cfg.from_sources(p.parse_args([]), environ).respond.notify_url == (
         "http://c.example",
         "http://d.example",

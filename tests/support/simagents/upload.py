@@ -6,13 +6,14 @@ on UPLOAD_FULL, the full dumps of the ranks named; then CompleteDump."""
 from __future__ import annotations
 
 import hashlib
+import io
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 import grpc
-from hangwatch.agent.uploader import pack_chunks
+from hangwatch.agent.uploader import pack_chunks, read_chunks
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
@@ -189,25 +190,16 @@ async def _chunks(
 
 def _chunk_list(
     agent: DumpUploads, incident_id: str, rank: int, name: str, data: bytes, digest: str
-) -> Iterable[pb.BundleChunk]:
-    total = len(data)
-    offset = 0
-    while True:
-        piece = data[offset : offset + CHUNK_BYTES]
-        last = offset + len(piece) >= total
-        chunk = pb.BundleChunk(
-            **agent.about(incident_id),
-            rank=rank,
-            file_name=name,
-            offset=offset,
-            data=piece,
-            last=last,
-        )
-        if offset == 0:
-            chunk.total_size = total
-        if last:
-            chunk.sha256 = digest
-        yield chunk
-        offset += len(piece)
-        if last:
-            return
+) -> Iterator[pb.BundleChunk]:
+    # The real agent's chunker, reading memory instead of a file, with the
+    # digest the fleet already has (hashing every upload again would cost the
+    # fleet CPU the coordinator needs).
+    return read_chunks(
+        io.BytesIO(data).read,
+        total=len(data),
+        size=CHUNK_BYTES,
+        file_name=name,
+        rank=rank,
+        sha256=digest,
+        **agent.about(incident_id),
+    )
