@@ -8,28 +8,27 @@ import os
 import sys
 
 from hangwatch import config as config_mod
-from hangwatch.lifecycle import ShutdownSignals, configure_logging
+from hangwatch.lifecycle import ShutdownSignals, configure_logging, subcommand_main
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser(
-        "agent",
+    config_mod.add_command(
+        subparsers,
+        config_mod.AGENT,
         help="Node sidecar: poll local ranks' flight recorders, report to the coordinator.",
         description=(
             "Watch every rank on this node (found through <run-dir>/hook/*.json, written by "
             "the hook), stream their FR progress to the coordinator and collect incident "
             "bundles on its command. First SIGTERM/SIGINT: clean shutdown; second: exit now."
         ),
+        func=run,
     )
-    config_mod.add_arguments(p, config_mod.AGENT)
-    p.set_defaults(func=run)
 
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        cfg = config_mod.from_sources(ns, os.environ)
         # Fail now, with a clear message (an unreadable token file, a bad interval).
-        cfg.validate(config_mod.AGENT)
+        cfg = config_mod.for_command(config_mod.AGENT, ns)
     except ValueError as e:
         sys.stderr.write(f"hangwatch agent: {e}\n")
         return 2
@@ -52,10 +51,7 @@ def run(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hangwatch.agent.cli [OPTIONS]`, the same as `hangwatch agent`."""
-    parser = argparse.ArgumentParser(prog="hangwatch")
-    add_parser(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args(["agent", *(sys.argv[1:] if argv is None else argv)])
-    return int(ns.func(ns))
+    return subcommand_main(config_mod.AGENT, add_parser, argv)
 
 
 if __name__ == "__main__":

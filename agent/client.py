@@ -12,7 +12,7 @@ import grpc
 
 from hangwatch import __version__
 from hangwatch.config import Config
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import message_size_options, pb, rpc
 
 log = logging.getLogger("hangwatch.agent")
 
@@ -53,8 +53,7 @@ class Sender(TypedDict):
 
 def build_channel(cfg: Config) -> grpc.Channel:
     options: list[tuple[str, Any]] = [
-        ("grpc.max_send_message_length", cfg.auth.max_message_bytes),
-        ("grpc.max_receive_message_length", cfg.auth.max_message_bytes),
+        *message_size_options(cfg.auth.max_message_bytes),
         # gRPC's own reconnect backoff defaults to a 120 s ceiling; keep it short.
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),

@@ -19,7 +19,7 @@ import shlex
 import socket
 import string
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -603,6 +603,38 @@ def from_sources(
             continue
         kwargs[f.name] = raw if isinstance(raw, bool) else _convert(f, str(raw))
     return Config.of(**kwargs)
+
+
+def add_command(
+    subparsers: Any,
+    command: str,
+    *,
+    help: str,
+    description: str | None,
+    func: Callable[[argparse.Namespace], int],
+    defaults: Mapping[str, Any] | None = None,
+    **parser_kw: Any,
+) -> argparse.ArgumentParser:
+    """`hangwatch COMMAND`: its parser, with the flags of every setting the command
+    uses (`defaults`: as for add_arguments); `func(ns)` runs it."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        command, help=help, description=description, **parser_kw
+    )
+    add_arguments(p, command, defaults)
+    p.set_defaults(func=func)
+    return p
+
+
+def for_command(
+    command: str,
+    ns: argparse.Namespace | None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """`from_sources`, then `validate(command)`: a ValueError names the setting."""
+    conf = from_sources(ns, environ, **overrides)
+    conf.validate(command)
+    return conf
 
 
 def explicitly_set(

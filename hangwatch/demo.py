@@ -57,13 +57,16 @@ DEMO_DEFAULTS: dict[str, float] = {
 
 
 def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
+    p = cfg.add_command(
+        subparsers,
         cfg.DEMO,
         help="Run a real gloo job on loopback that hangs, and watch hangwatch diagnose it.",
         description=(
             "Start a coordinator, an agent and N real gloo ranks on loopback, inject a hang "
             "from the hang zoo, wait for the incident and print its verdict."
         ),
+        func=run,
+        defaults=DEMO_DEFAULTS,
     )
     p.add_argument(
         "--scenario", choices=SCENARIOS, default="skip", help="Hang to inject (default: skip)."
@@ -101,8 +104,6 @@ def add_parser(subparsers: Any) -> None:
         default=120.0,
         help="Seconds to wait for the verdict (default: 120).",
     )
-    cfg.add_arguments(p, cfg.DEMO, DEMO_DEFAULTS)
-    p.set_defaults(func=run)
 
 
 @dataclass(kw_only=True)
@@ -123,10 +124,9 @@ def _explicit(ns: argparse.Namespace, name: str) -> bool:
 
 def _config(ns: argparse.Namespace) -> cfg.Config:
     overrides: dict[str, Any] = {k: v for k, v in DEMO_DEFAULTS.items() if not _explicit(ns, k)}
-    conf = cfg.from_sources(ns, os.environ, **overrides)
     if not _explicit(ns, "job_id"):
-        conf.job.job_id = f"demo-{ns.scenario}-{os.getpid()}"
-    return conf
+        overrides["job_id"] = f"demo-{ns.scenario}-{os.getpid()}"
+    return cfg.for_command(cfg.DEMO, ns, os.environ, **overrides)
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
@@ -262,7 +262,6 @@ def _run(ns: argparse.Namespace) -> int:
         hookbackend.build()
     try:
         conf = _config(ns)
-        conf.validate(cfg.DEMO)
         scenario = get_scenario(ns.scenario).for_backend(ns.backend)
         scenario.check_world(ns.ranks)
         token = conf.auth.resolved_token()

@@ -1,6 +1,8 @@
 """Process lifecycle shared by `hangwatch server` and `hangwatch agent` (the uvicorn way).
 
 * `configure_logging`: the one logging setup of every hangwatch process.
+* `subcommand_main`: a subcommand run as its own module (`python -m
+  hangwatch.runner`), through the same parser as `hangwatch <command>`.
 * `ShutdownSignals`: SIGINT/SIGTERM handlers that only set a flag; the
   process's own loop notices it and shuts down within its bound. A second
   signal means the operator wants out now: the handler restores the signal's
@@ -10,12 +12,15 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -60,3 +65,14 @@ class ShutdownSignals:
     def __exit__(self, *exc_info: object) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)  # type: ignore[arg-type]
+
+
+def subcommand_main(
+    command: str, add_parser: Callable[[Any], None], argv: list[str] | None = None
+) -> int:
+    """`python -m MODULE [OPTIONS]`, the same as `hangwatch COMMAND [OPTIONS]`:
+    the subcommand's own parser, so the two can never disagree."""
+    parser = argparse.ArgumentParser(prog="hangwatch")
+    add_parser(parser.add_subparsers(dest="command"))
+    ns = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    return int(ns.func(ns))

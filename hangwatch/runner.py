@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from hangwatch import config as config_mod
 from hangwatch import env
+from hangwatch.lifecycle import subcommand_main
 
 
 def autoattach_dir() -> str:
@@ -40,20 +41,20 @@ def child_environ(cfg: config_mod.Config, environ: Mapping[str, str]) -> dict[st
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser(
-        "run",
+    p = config_mod.add_command(
+        subparsers,
+        config_mod.RUN,
         help="Run a training command with the hangwatch hook attached (no script edit).",
         description=__doc__,
+        func=run,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    config_mod.add_arguments(p, config_mod.RUN)
     p.add_argument(
         "cmd",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
         help="The command to run, after `--` (e.g. `-- torchrun --nproc-per-node 8 train.py`).",
     )
-    p.set_defaults(func=run)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -66,8 +67,7 @@ def run(ns: argparse.Namespace) -> int:
         )
         return 2
     try:
-        cfg = config_mod.from_sources(ns, os.environ)
-        cfg.validate(config_mod.RUN)
+        cfg = config_mod.for_command(config_mod.RUN, ns)
     except ValueError as e:
         sys.stderr.write(f"hangwatch run: {e}\n")
         return 2
@@ -88,10 +88,7 @@ def run(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m hangwatch.runner [OPTIONS] -- COMMAND...`, the same as `hangwatch run`."""
-    parser = argparse.ArgumentParser(prog="hangwatch")
-    add_parser(parser.add_subparsers(dest="command"))
-    ns = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
-    return int(ns.func(ns))
+    return subcommand_main(config_mod.RUN, add_parser, argv)
 
 
 if __name__ == "__main__":

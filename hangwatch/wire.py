@@ -44,3 +44,13 @@ def event_kind_name(value: int) -> str:
         return pb.EventKind.Name(value)  # type: ignore[arg-type]
     except ValueError:
         return f"EVENT_KIND_{value}"
+
+
+def message_size_options(max_bytes: int) -> list[tuple[str, int]]:
+    """gRPC channel options capping messages both ways at `max_bytes`
+    (--max-message-bytes): agent and coordinator must agree, since bundles travel
+    in chunks sized below it."""
+    return [
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.max_receive_message_length", max_bytes),
+    ]

@@ -23,7 +23,8 @@ log = logging.getLogger("hangwatch.server")
 
 
 def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
+    cfg.add_command(
+        subparsers,
         cfg.SERVER,
         help="Run the coordinator: gRPC for agents, HTTP dashboard for people.",
         description=(
@@ -31,9 +32,8 @@ def add_parser(subparsers: Any) -> None:
             "collects a dump from every rank, analyses them and serves the dashboard. "
             f"The token comes from {cfg.env_var('token')} or --token-file; Health is served without it."
         ),
+        func=run,
     )
-    cfg.add_arguments(p, cfg.SERVER)
-    p.set_defaults(func=run)
 
 
 def _refuse(msg: str) -> int:
@@ -43,8 +43,7 @@ def _refuse(msg: str) -> int:
 
 def run(ns: argparse.Namespace) -> int:
     try:
-        conf = cfg.from_sources(ns)
-        conf.validate(cfg.SERVER)
+        conf = cfg.for_command(cfg.SERVER, ns)
     except ValueError as e:
         return _refuse(f"bad setting: {e}")
     configure_logging(conf.job.log_level)

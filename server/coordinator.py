@@ -33,7 +33,7 @@ from hangwatch.server.live.stragglers import STRAGGLER_EVENT, Straggler, Straggl
 from hangwatch.server.workers import Worker, Workers, executor_threads
 
 from hangwatch.config import Config
-from hangwatch.wire import rpc
+from hangwatch.wire import message_size_options, rpc
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
 
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
     return [
-        ("grpc.max_receive_message_length", config.auth.max_message_bytes),
-        ("grpc.max_send_message_length", config.auth.max_message_bytes),
+        *message_size_options(config.auth.max_message_bytes),
         # Find dead agents' streams without waiting for TCP timeouts, and let
         # agents keep idle command streams alive with their own pings.
         ("grpc.keepalive_time_ms", 30_000),

@@ -35,11 +35,10 @@ import pytest
 import yaml
 from hangwatch.server.runtime import ServerRuntime
 
-from hangwatch import formats
 from hangwatch.formats import ServerInfo
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import rpc
 from tests.deploy.conftest import require_tool
-from tests.server.conftest import ProtocolAgent, gloo_dump, make_config, rank_meta
+from tests.server.conftest import ProtocolAgent, hang_rank_2, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "deploy" / "prometheus"
@@ -280,21 +279,8 @@ def test_a_hang_fires_the_hang_alert_in_a_real_prometheus(
             for ag in (a, b):
                 ag.register()
                 ag.watch()
-            for step in range(1, 4):
-                a.progress({0: (step, step), 1: (step, step)})
-                b.progress({2: (step, step), 3: (step, step)})
             # Rank 2 never enters collective 4; the others wait in it.
-            a.progress({0: (4, 3), 1: (4, 3)})
-            b.progress({2: (3, 3), 3: (4, 3)})
-            cmd = a.next_command(timeout=10)
-            assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
-            iid = cmd.incident_id
-            for ag, seqs in ((a, {0: (4, 3), 1: (4, 3)}), (b, {2: (3, 3), 3: (4, 3)})):
-                for r, (le, lc) in seqs.items():
-                    dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
-                    assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
-                    assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4)).complete
-                assert ag.complete(iid, sorted(seqs))
+            hang_rank_2(a, b, seq=4)
 
             def firing() -> tuple[bool, Any]:
                 seen = alerts(prom)

@@ -324,3 +324,26 @@ def wait_status(
     except AssertionError:
         row = c.store.get_incident(incident_id)
         raise AssertionError(f"incident {incident_id}: {row}") from None
+
+
+def hang_rank_2(a: ProtocolAgent, b: ProtocolAgent, *, seq: int) -> str:
+    """Node a (ranks 0,1) and node b (ranks 2,3), registered and watching: three
+    healthy steps, then rank 2 never enters collective `seq` while the others
+    wait in it. Waits for the DUMP, uploads every rank's dump and completes;
+    returns the incident id."""
+    for step in range(1, 4):
+        a.progress({0: (step, step), 1: (step, step)})
+        b.progress({2: (step, step), 3: (step, step)})
+    stalled = {0: (seq, seq - 1), 1: (seq, seq - 1)}, {2: (seq - 1, seq - 1), 3: (seq, seq - 1)}
+    a.progress(stalled[0])
+    b.progress(stalled[1])
+    cmd = a.next_command(timeout=10)
+    assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
+    iid = cmd.incident_id
+    for ag, seqs in zip((a, b), stalled, strict=True):
+        for r, (le, lc) in seqs.items():
+            dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
+            assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
+            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4)).complete
+        assert ag.complete(iid, sorted(seqs))
+    return iid

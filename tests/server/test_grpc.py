@@ -119,10 +119,12 @@ def _bundle_rank(
     assert agent.upload(incident_id, rank, formats.META_FILE, rank_meta(rank, world)).complete
 
 
+# A coordinator on a fake clock, its clock, and a stub on its gRPC port.
+Ticked = tuple[Coordinator, FakeClock, rpc.CoordinatorStub]
+
+
 @pytest.fixture
-def ticked(
-    start_coordinator: Callable[..., Coordinator],
-) -> Iterator[tuple[Coordinator, FakeClock, rpc.CoordinatorStub]]:
+def ticked(start_coordinator: Callable[..., Coordinator]) -> Iterator[Ticked]:
     """A coordinator on a fake clock over real gRPC: it detects nothing until the
     test advances the clock and calls `tick()` (its ticker thread is not started)."""
     clock = FakeClock()
@@ -135,10 +137,25 @@ def _incidents(c: Coordinator) -> list[str]:
     return [r.id for r in c.store.list_incidents(job_id=JOB)]
 
 
-@pytest.mark.timeout(60)
-def test_stall_dump_upload_and_verdict(
-    ticked: tuple[Coordinator, FakeClock, rpc.CoordinatorStub],
+def _hold(
+    c: Coordinator,
+    clock: FakeClock,
+    reports: dict[ProtocolAgent, dict[int, tuple[int, int]]],
+    *,
+    times: int,
+    every: float,
 ) -> None:
+    """Each agent reports the same numbers `times` times, `every` seconds of the
+    fake clock apart, the coordinator ticking after each."""
+    for _ in range(times):
+        for agent, seqs in reports.items():
+            agent.progress(seqs)
+        clock.advance(every)
+        c.incidents.tick()
+
+
+@pytest.mark.timeout(60)
+def test_stall_dump_upload_and_verdict(ticked: Ticked) -> None:
     coordinator, clock, stub = ticked
     a, b = _agents(stub)
     # Healthy steps first: progress moves, nothing fires.
@@ -170,11 +187,8 @@ def test_stall_dump_upload_and_verdict(
 
     # The stall keeps being reported, for 8 stall timeouts (inside the 5 s dump
     # deadline, so the collection still waits for the uploads): still one incident.
-    for _ in range(8):
-        a.progress({0: (5, 4), 1: (5, 4)})
-        b.progress({2: (4, 4), 3: (5, 4)})
-        clock.advance(0.5)
-        coordinator.incidents.tick()
+    stalled = {a: {0: (5, 4), 1: (5, 4)}, b: {2: (4, 4), 3: (5, 4)}}
+    _hold(coordinator, clock, stalled, times=8, every=0.5)
     assert _incidents(coordinator) == [iid]
 
     for r, (le, lc) in {0: (5, 4), 1: (5, 4)}.items():
@@ -207,30 +221,21 @@ def test_stall_dump_upload_and_verdict(
     assert hist is not None and hist.n == 1
 
     # After the verdict the same stall persists: still no second incident.
-    for _ in range(10):
-        a.progress({0: (5, 4), 1: (5, 4)})
-        b.progress({2: (4, 4), 3: (5, 4)})
-        clock.advance(0.5)
-        coordinator.incidents.tick()
+    _hold(coordinator, clock, stalled, times=10, every=0.5)
     assert _incidents(coordinator) == [iid]
     a.close()
     b.close()
 
 
 @pytest.mark.timeout(30)
-def test_long_healthy_collective_opens_no_incident(
-    ticked: tuple[Coordinator, FakeClock, rpc.CoordinatorStub],
-) -> None:
+def test_long_healthy_collective_opens_no_incident(ticked: Ticked) -> None:
     coordinator, clock, stub = ticked
     a, b = _agents(stub)
     a.progress({0: (3, 3), 1: (3, 3)})
     b.progress({2: (3, 3), 3: (3, 3)})
     # Every member is inside collective 4 and stays there 4x the stall timeout.
-    for _ in range(10):
-        a.progress({0: (4, 3), 1: (4, 3)})
-        b.progress({2: (4, 3), 3: (4, 3)})
-        clock.advance(0.2)
-        coordinator.incidents.tick()
+    inside = {a: {0: (4, 3), 1: (4, 3)}, b: {2: (4, 3), 3: (4, 3)}}
+    _hold(coordinator, clock, inside, times=10, every=0.2)
     assert coordinator.store.list_incidents() == []
     snap = coordinator.registry.snapshot(JOB)
     assert snap is not None and snap.stalled == []

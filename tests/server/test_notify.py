@@ -24,12 +24,11 @@ from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.integrations.notifications import SCHEMA, Notifier, Policy, Target
 from hangwatch.server.web.schemas import IncidentSummary
 
-from hangwatch import formats
 from hangwatch.config import env_var
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import rpc
 from tests.support.webhook import closed_port_url, receiver
 
-from .conftest import ProtocolAgent, gloo_dump, rank_meta, wait_status
+from .conftest import ProtocolAgent, hang_rank_2, wait_status
 
 FAST = Policy(timeout_s=2.0, attempts=4, backoff_s=0.05, backoff_max_s=0.2, drain_s=1.0)
 
@@ -206,20 +205,7 @@ def _hang_then_resume(c: Coordinator, stub: rpc.CoordinatorStub) -> str:
     for ag in (a, b):
         ag.register()
         ag.watch()
-    for step in range(1, 4):
-        a.progress({0: (step, step), 1: (step, step)})
-        b.progress({2: (step, step), 3: (step, step)})
-    a.progress({0: (5, 4), 1: (5, 4)})
-    b.progress({2: (4, 4), 3: (5, 4)})
-    cmd = a.next_command(timeout=10)
-    assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
-    iid = cmd.incident_id
-    for ag, seqs in ((a, {0: (5, 4), 1: (5, 4)}), (b, {2: (4, 4), 3: (5, 4)})):
-        for r, (le, lc) in seqs.items():
-            dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
-            assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
-            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4)).complete
-        assert ag.complete(iid, sorted(seqs))
+    iid = hang_rank_2(a, b, seq=5)
     wait_status(c, iid, "analyzed")
     a.progress({0: (5, 5), 1: (5, 5)})
     b.progress({2: (5, 5), 3: (5, 5)})
