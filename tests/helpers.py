@@ -53,6 +53,12 @@ CULPRIT_KINDS = frozenset(
 # The live hang zoo runs on each: gloo records itself; hwstore and hwhooks are
 # recorded by torch 2.15's FlightRecorderHook, hwhooks with NCCL2's hooks.
 BACKENDS = TEST_BACKENDS
+# Every scenario of the hang zoo runs live once per backend, in one place: these
+# through the whole system (tests/live/test_e2e.py: coordinator, agent, ranks,
+# then the analyzer on the collected bundle); the rest in tests/test_zoo_offline.py
+# (ranks that snapshot their own FR, then the analyzer). Each launch costs four
+# torch imports, so no scenario is launched twice.
+E2E_SCENARIOS = ("skip", "compute", "frozen", "two", "mismatch", "subgroup", "order", "gil")
 
 
 @functools.cache

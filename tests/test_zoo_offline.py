@@ -5,9 +5,10 @@ plan in `hangwatch.testing.scenarios`), never from an earlier analyzer run.
 
 * Golden tests (no torch, fast): `tests/golden/<name>/` hold real 4-rank gloo
   dumps made by `python -m tests.support.make_golden tests/golden`.
-* Live tests (`torch`): a real 4-rank gloo job per scenario, each rank that
-  can still run Python snapshots its own flight recorder, then the analyzer
-  reads the snapshot directory.
+* Live tests (`torch`): a real 4-rank gloo job per scenario that the
+  end-to-end tests do not already launch (`helpers.E2E_SCENARIOS`); each rank
+  that can still run Python snapshots its own flight recorder, then the
+  analyzer reads the snapshot directory.
 * Harness self-tests: a healthy job exits 0 (checked by the live `healthy`
   test); a crashing rank surfaces its stderr.
 """
@@ -20,7 +21,14 @@ from typing import Any
 
 import pytest
 from hangwatch.analyzer.report import Report
-from helpers import BACKENDS, GOLDEN_DIR, free_port, observed_verdict, skip_unless_backend
+from helpers import (
+    BACKENDS,
+    E2E_SCENARIOS,
+    GOLDEN_DIR,
+    free_port,
+    observed_verdict,
+    skip_unless_backend,
+)
 
 from hangwatch.testing.backends import COMPLETION_UNKNOWN
 from hangwatch.testing.scenarios import SCENARIOS, get_scenario
@@ -79,12 +87,21 @@ def test_golden_set_is_complete_small_and_current() -> None:
 
 # --- live: real gloo ranks -------------------------------------------------------------
 
+LIVE_HERE = sorted(set(SCENARIOS) - set(E2E_SCENARIOS))
+
+
+@pytest.mark.timeout(10)
+def test_every_scenario_runs_live_somewhere() -> None:
+    assert set(E2E_SCENARIOS) <= set(SCENARIOS)
+    assert set(LIVE_HERE) | set(E2E_SCENARIOS) == set(SCENARIOS)
+    assert "healthy" in LIVE_HERE  # the harness self-test below relies on it
+
 
 @pytest.mark.torch
 # About 6 s each on an idle 2-core machine; the slack is for a loaded one.
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("name", LIVE_HERE)
 def test_live_scenario_matches_ground_truth(name: str, backend: str, tmp_path: Path) -> None:
     from hangwatch.testing.launch import launch_job
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from hangwatch.config import env_var
+from hangwatch.testing.backends import COMPLETION_UNKNOWN
 from hangwatch.testing.scenarios import get_scenario
-from tests.helpers import BACKENDS, skip_unless_backend
+from tests.helpers import BACKENDS, E2E_SCENARIOS, skip_unless_backend
 from tests.live.conftest import STALL_TIMEOUT
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 WORLD = 4
-LIVE_SCENARIOS = ["skip", "compute", "frozen", "two", "mismatch", "subgroup", "order", "gil"]
 
 
 def _demo(
@@ -55,7 +55,7 @@ def _demo(
 
 @pytest.mark.timeout(170)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", LIVE_SCENARIOS)
+@pytest.mark.parametrize("name", E2E_SCENARIOS)
 def test_live_incident(
     coordinator: dict[str, str], name: str, backend: str, tmp_path: Path
 ) -> None:
@@ -89,6 +89,9 @@ def test_live_incident(
         assert st is not None, out["summary"]
         assert (st["group"], st["seq"], st["op"]) == (expected.group, expected.seq, expected.op)
     assert out["detection_s"] > 0
+    # Where FR does not record completion the report must say so, every time.
+    kinds = {f["kind"] for f in out["findings"]}
+    assert ("completion-unknown" in kinds) == (backend in COMPLETION_UNKNOWN), kinds
 
 
 @pytest.mark.timeout(170)
