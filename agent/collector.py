@@ -144,7 +144,7 @@ def _find_pyspy(pyspy: str) -> str | None:
     return shutil.which(pyspy) or shutil.which(pyspy, path=os.path.dirname(sys.executable))
 
 
-def _pyspy(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -> str:
+def pyspy_stacks(pyspy: str, pid: int, nonblocking: bool, with_locals: bool = False) -> str:
     """py-spy's dump, each thread's idle flag checked against its CPU time.
 
     py-spy's "idle" is the thread's OS state at one instant, and a thread
@@ -335,7 +335,7 @@ def collect_rank(
     if not stacks and (alive or stopped):
         for nonblocking in (True,) if stopped else (False, True):
             try:
-                stacks = _pyspy(pyspy, t.pid, nonblocking)
+                stacks = pyspy_stacks(pyspy, t.pid, nonblocking)
                 sources["stacks"] = "py-spy"
                 errors.pop("stacks", None)
                 break
@@ -351,7 +351,9 @@ def collect_rank(
     peer_stacks = ""
     if alive or stopped:
         try:
-            peer_stacks = stackargs.keep_peer_args(_pyspy(pyspy, t.pid, stopped, with_locals=True))
+            peer_stacks = stackargs.keep_peer_args(
+                pyspy_stacks(pyspy, t.pid, stopped, with_locals=True)
+            )
         except RuntimeError as e:
             errors["peer_stacks"] = f"py-spy --locals: {e}"
     for fr_name in fr_names if tail_context > 0 else []:

@@ -478,11 +478,11 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
         t.apply_status(doc, now)
     t.state = pb.PROCESS_STATE_RUNNING
     t.unresponsive_reported = False
-    out.events.extend(_check_health(t, now))
+    out.events.extend(check_health(t, now))
     return out
 
 
-def _check_health(t: RankTracker, now: float) -> list[tuple[int, int, str]]:
+def check_health(t: RankTracker, now: float) -> list[tuple[int, int, str]]:
     """torch 2.15's watchdog health, as an event when a backend turns unhealthy."""
     if t.health_supported is False or now - t.health_checked_at < HEALTH_POLL_S or not t.socket:
         return []

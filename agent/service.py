@@ -149,14 +149,14 @@ class Agent:
 
     def poll_once(self) -> None:
         now = time.monotonic()
-        self._discover(now)
+        self.discover(now)
         with self._lock:
             trackers = list(self.trackers.values())
         entries_after = max(2.0 * self.poll_interval, 1.0)
         results = list(self._pool.map(lambda t: self._poll_one(t, now, entries_after), trackers))
         for kind, rank, detail in causes_first([ev for res in results for ev in res.events]):
-            self._event(kind, rank, detail, now)
-        self._scan_watchdog(now)
+            self.event(kind, rank, detail, now)
+        self.scan_watchdog(now)
         with self._lock:
             self._progress = [t.progress_pb(now) for t in trackers]
             self._progress_seq += 1
@@ -168,11 +168,11 @@ class Agent:
         res.events.extend(read_hook_events(t, self.run_dir))
         return res
 
-    def _event(self, kind: int, rank: int, detail: str, at: float) -> None:
+    def event(self, kind: int, rank: int, detail: str, at: float) -> None:
         log.info("event %s rank %d: %s", event_kind_name(kind), rank, detail)
         self.events.put(_QueuedEvent(kind, rank, detail, at))
 
-    def _discover(self, now: float) -> None:
+    def discover(self, now: float) -> None:
         found = scan_rankinfo(self.run_dir)
         changed = False
         with self._lock:
@@ -214,9 +214,7 @@ class Agent:
                 if pid not in found:
                     if not t.exited_reported:
                         t.exited_reported = True
-                        self._event(
-                            pb.EVENT_KIND_RANK_EXITED, t.rank, "rank-info file removed", now
-                        )
+                        self.event(pb.EVENT_KIND_RANK_EXITED, t.rank, "rank-info file removed", now)
                     del self.trackers[pid]
                     self.exited[t.rank] = t
                     changed = True
@@ -247,7 +245,7 @@ class Agent:
                         out[os.path.join(d, name)] = int(rest)
         return out
 
-    def _scan_watchdog(self, now: float) -> None:
+    def scan_watchdog(self, now: float) -> None:
         for path, rank in self._watch_paths().items():
             if path in self._watchdog_reported:
                 continue
@@ -258,7 +256,7 @@ class Agent:
             # torch writes the file in place: report it once its size holds still.
             if size > 0 and self._watchdog_sizes.get(path) == size:
                 self._watchdog_reported.add(path)
-                self._event(pb.EVENT_KIND_WATCHDOG_DUMP, rank, os.path.basename(path), now)
+                self.event(pb.EVENT_KIND_WATCHDOG_DUMP, rank, os.path.basename(path), now)
             self._watchdog_sizes[path] = size
 
     def rank_infos(self) -> list[pb.RankInfo]:

@@ -220,6 +220,11 @@ class LoadProgressBar:
         self.description = description
         self._bar: Progress | None = None
 
+    @property
+    def showing(self) -> bool:
+        """Whether the bar is on the terminal now."""
+        return self._bar is not None
+
     def __call__(self, done: int, total: int) -> None:
         if self._bar is None:
             if done >= total:

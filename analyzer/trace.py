@@ -81,7 +81,7 @@ def build_trace(loaded: LoadedDumps, report: Report | None = None) -> dict[str, 
             desc = loaded.groups[group].desc if group in loaded.groups else ""
             label = f"group {group}" + (f" ({desc})" if desc else "")
             events.append(_meta("thread_name", rank, tids[group], {"name": label}))
-        slices = _slices(rows, t0, span_end_us)
+        slices = row_slices(rows, t0, span_end_us)
         for s in slices:
             is_stalled = (
                 stalled is not None
@@ -116,7 +116,7 @@ def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
     return {"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args}
 
 
-def _slices(rows: pd.DataFrame, t0: int, span_end_us: float) -> list[dict[str, Any]]:
+def row_slices(rows: pd.DataFrame, t0: int, span_end_us: float) -> list[dict[str, Any]]:
     """One rank's ops in one group, in the order the rank issued them."""
     rows = rows.sort_values(["time_created_ns", "record_id"], kind="stable")
     recs = rows.to_dict("records")

@@ -148,7 +148,7 @@ def attach(
                 owner_pid=os.getpid(),
             )
             _state = st
-            _set_env_defaults(st, environ, cfg.hook.fr_buffer_size)
+            set_env_defaults(st, environ, cfg.hook.fr_buffer_size)
             _install_excepthooks()
             if _C10D in sys.modules:
                 _patch_c10d(sys.modules[_C10D])
@@ -185,7 +185,7 @@ def _result(st: _State) -> AttachResult:
 # --- 1. environment -------------------------------------------------------
 
 
-def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size: int) -> None:
+def set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size: int) -> None:
     if _C10D in sys.modules and _torch_pg_initialized():
         msg = (
             "attach() ran after init_process_group: the flight recorder already exists, so "
@@ -199,7 +199,7 @@ def _set_env_defaults(st: _State, environ: MutableMapping[str, str], buffer_size
     st.reasons.extend(st.env.reasons)
 
 
-def _announce(st: _State) -> None:
+def announce(st: _State) -> None:
     """First group of a rank: now the env decisions are worth a log line and a directory."""
     if st.announced:
         return
@@ -307,7 +307,7 @@ def _after_group_change() -> None:
         return
     try:
         with st.lock:
-            _announce(st)
+            announce(st)
             st.recorders = tuple(_discover_recorders(st))
             if st.server is None:
                 _start_endpoint(st)

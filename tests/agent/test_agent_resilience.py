@@ -82,7 +82,7 @@ def test_wrong_token_never_blocks_polling(tmp_path: Path) -> None:
         th = _start(agent)
         try:
             for i in range(5):
-                agent._event(pb.EVENT_KIND_RANK_UNRESPONSIVE, i, "test", time.monotonic())
+                agent.event(pb.EVENT_KIND_RANK_UNRESPONSIVE, i, "test", time.monotonic())
             time.sleep(1.0)
             assert _agent_ids(coord) == []
             t = time.monotonic()
@@ -107,7 +107,7 @@ def test_reconnects_within_five_seconds_after_coordinator_restart(tmp_path: Path
         _wait(lambda: _agent_ids(coord) == ["node-r"], 10)
         coord.stop()
         polls = agent.polls
-        agent._event(
+        agent.event(
             pb.EVENT_KIND_RANK_UNRESPONSIVE, 0, "while the coordinator was away", time.monotonic()
         )
         time.sleep(1.5)

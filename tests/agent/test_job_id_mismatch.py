@@ -25,8 +25,8 @@ def test_a_rank_of_another_job_id_is_named_once(
     )
     try:
         with caplog.at_level(logging.WARNING, logger="hangwatch"):
-            agent._discover(time.monotonic())
-            agent._discover(time.monotonic())  # once per rank, not per scan
+            agent.discover(time.monotonic())
+            agent.discover(time.monotonic())  # once per rank, not per scan
     finally:
         agent.client.close()
     lines = [r.getMessage() for r in caplog.records if "says job" in r.getMessage()]

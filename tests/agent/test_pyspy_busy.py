@@ -2,7 +2,7 @@
 
 py-spy reads a thread's OS state at one instant; a thread that computes in
 pure Python reads idle whenever it waits for the GIL another thread holds.
-The agent checks each such thread's CPU time around the dump (collector._pyspy).
+The agent checks each such thread's CPU time around the dump (collector.pyspy_stacks).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _statuses(text: str) -> dict[str, str]:
 def test_spinning_threads_never_read_idle_and_a_sleeping_one_does(busy_process: int) -> None:
     # Two threads share the GIL: py-spy alone calls one of them idle most dumps.
     for _ in range(8):
-        st = _statuses(collector._pyspy("py-spy", busy_process, nonblocking=False))
+        st = _statuses(collector.pyspy_stacks("py-spy", busy_process, nonblocking=False))
         assert not st["MainThread"].startswith("idle"), st
         assert not st["spinner"].startswith("idle"), st
         assert st["napper"] == "idle", st

@@ -41,7 +41,7 @@ def _env_state(tmp_path: Path) -> hook._State:
 def test_unset_env_gets_both_names_and_logs_nothing_yet(tmp_path: Path) -> None:
     st = _env_state(tmp_path)
     environ: dict[str, str] = {}
-    hook._set_env_defaults(st, environ, 2000)
+    hook.set_env_defaults(st, environ, 2000)
     prefix = hook_protocol.fr_dump_prefix(st.run_dir)
     for name in env.DUMP_ON_TIMEOUT_NAMES:
         assert environ[name] == "1"
@@ -63,7 +63,7 @@ def test_a_value_the_job_set_is_kept_under_either_name(
         env.TORCH_NCCL_DUMP_ON_TIMEOUT: "0",
         env.TORCH_FR_BUFFER_SIZE: "500",
     }
-    hook._set_env_defaults(st, environ, 2000)
+    hook.set_env_defaults(st, environ, 2000)
     # Setting the 2.15 name would shadow the job's value under the old one.
     assert env.TORCH_FR_DUMP_TEMP_FILE not in environ
     assert env.TORCH_FR_DUMP_ON_TIMEOUT not in environ
@@ -71,7 +71,7 @@ def test_a_value_the_job_set_is_kept_under_either_name(
     assert st.env.watchdog_prefix == "/data/fr/rank_"
     assert env.TORCH_FR_BUFFER_SIZE not in st.env.set
     with caplog.at_level(logging.INFO, logger="hangwatch.hook"):
-        hook._announce(st)
+        hook.announce(st)
     text = caplog.text
     assert "keeping the job's TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/data/fr/rank_" in text
     assert "keeping the job's TORCH_FR_BUFFER_SIZE=500" in text
@@ -87,10 +87,10 @@ def test_a_default_a_parent_hook_set_is_not_announced_as_the_job_s(
     says nothing about them, but still names a value the job really set."""
     launcher, worker = _env_state(tmp_path), _env_state(tmp_path)
     environ: dict[str, str] = {env.TORCH_INCLUDE_STACK_TRACE: "0"}  # the job's own choice
-    hook._set_env_defaults(launcher, environ, 2000)
+    hook.set_env_defaults(launcher, environ, 2000)
     with caplog.at_level(logging.INFO, logger="hangwatch.hook"):
-        hook._set_env_defaults(worker, environ, 2000)
-        hook._announce(worker)
+        hook.set_env_defaults(worker, environ, 2000)
+        hook.announce(worker)
     assert "keeping the job's TORCH_FR_BUFFER_SIZE" not in caplog.text
     assert "keeping the job's TORCH_FR_DUMP_TEMP_FILE" not in caplog.text
     assert f"keeping the job's {env.TORCH_INCLUDE_STACK_TRACE}=0" in caplog.text
@@ -273,7 +273,7 @@ def test_torchs_own_dump_to_file_is_picked_up_as_a_watchdog_dump(hooked_job: Job
         deadline = time.monotonic() + 20
         seen: list[tuple[int, int, str]] = []
         while time.monotonic() < deadline and not seen:
-            agent._scan_watchdog(time.monotonic())
+            agent.scan_watchdog(time.monotonic())
             seen += [(ev.kind, ev.rank, ev.detail) for ev in agent.events.take(100)]
             time.sleep(0.2)
     finally:
@@ -294,7 +294,7 @@ def test_health_check_is_asked_where_torch_has_it(hang_job: Job) -> None:
     from hangwatch.agent import ranks
 
     t = _trackers(hang_job)[0]
-    events = ranks._check_health(t, time.monotonic())
+    events = ranks.check_health(t, time.monotonic())
     assert events == []
     import torch._C._distributed_c10d as c
 

@@ -36,7 +36,7 @@ class SimRank:
     pgs: dict[str, _PG] = field(default_factory=dict)
     record_id: int = 0
 
-    def _pg(self, group: str) -> _PG:
+    def pg(self, group: str) -> _PG:
         if group not in self.pgs:
             self.pgs[group] = _PG(pg_id=len(self.pgs))
         return self.pgs[group]
@@ -102,7 +102,7 @@ class SimRank:
         out_dtypes: list[str] | None = None,
         coalesced: int = 0,
     ) -> SimRank:
-        pg = self._pg(group)
+        pg = self.pg(group)
         pg.coll_seq += 1
         # A coalesced op: `coalesced` member entries, then the closing one.
         for _ in range(coalesced):
@@ -127,7 +127,7 @@ class SimRank:
         """kind 'send'/'recv'; peer is a *global* rank, written group-local as torch does."""
         if self.job.backend == "gloo":
             return self  # gloo records no send/recv at all
-        pg = self._pg(group)
+        pg = self.pg(group)
         pg.p2p_seq += 1
         me = self._local(group)
         other = sorted(self.job.groups[group][1]).index(peer)
@@ -204,12 +204,12 @@ class SimJob:
         self.groups: dict[str, tuple[str, list[int]]] = {"0": ("default_pg", list(range(world)))}
         self.ranks = [SimRank(r, self) for r in range(world)]
         for r in self.ranks:
-            r._pg("0")
+            r.pg("0")
 
     def group(self, name: str, ranks: list[int], desc: str = "undefined") -> str:
         self.groups[name] = (desc, sorted(ranks))
         for r in sorted(ranks):
-            self.ranks[r]._pg(name)
+            self.ranks[r].pg(name)
         return name
 
     def all(

@@ -80,12 +80,12 @@ def test_load_reports_progress_and_draws_nothing(tmp_path: Path, workers: int) -
 def test_progress_bar_closes_itself() -> None:
     bar = LoadProgressBar()
     bar(0, 0)
-    assert bar._bar is None  # nothing to show
+    assert not bar.showing  # nothing to show
     bar(0, 2)
     bar(1, 2)
-    assert bar._bar is not None
+    assert bar.showing
     bar(2, 2)
-    assert bar._bar is None
+    assert not bar.showing
 
 
 def test_the_library_imports_no_ui() -> None:

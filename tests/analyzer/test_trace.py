@@ -138,7 +138,7 @@ def test_recorded_start_and_completion_are_used_and_never_overlap() -> None:
             "input_dtypes": ["Float"] * 3,
         }
     )
-    s1, s2, s3 = trace._slices(rows, 10 * ms, 40_000.0)
+    s1, s2, s3 = trace.row_slices(rows, 10 * ms, 40_000.0)
     assert (s1["ts"], s1["dur"], s1["args"]["timing"]) == (0.0, 5000.0, "fr")
     assert s1["args"]["started_us"] == 1000.0 and s1["args"]["completed_us"] == 5000.0
     # Completed at 30 ms, but #3 was created at 22 ms: cut there, the real end kept.

@@ -126,9 +126,9 @@ def test_each_flag_and_variable_sets_its_field(name: str) -> None:
         raw = "http://a.example/hook"
     elif not raw:
         raw = "x-value"
-    expected = config.Config.of(**{name: config._convert(f, raw)}).value(name)
     from_env = config.from_sources(None, {var: raw})
-    assert getattr(getattr(from_env, section), name) == expected
+    expected = getattr(getattr(from_env, section), name)
+    assert expected != config.Config.of().value(name), f"{var}={raw!r} changed nothing"
     for command in sorted(f.metadata["commands"]):
         if flag is None:
             continue

@@ -91,7 +91,7 @@ class ProtocolAgent:
     _in_flight_since: dict[tuple[int, str, int], float] = field(default_factory=dict, init=False)
     commands: queue.Queue[pb.Command] = field(default_factory=queue.Queue, init=False)
     _watch: grpc.Future | None = field(default=None, init=False)
-    _watch_thread: threading.Thread | None = field(default=None, init=False)
+    watch_thread: threading.Thread | None = field(default=None, init=False)
     watch_error: grpc.RpcError | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -178,8 +178,8 @@ class ProtocolAgent:
                 if e.code() != grpc.StatusCode.CANCELLED:
                     self.watch_error = e
 
-        self._watch_thread = threading.Thread(target=pump, daemon=True)
-        self._watch_thread.start()
+        self.watch_thread = threading.Thread(target=pump, daemon=True)
+        self.watch_thread.start()
 
     def next_command(self, timeout: float) -> pb.Command:
         return self.commands.get(timeout=timeout)
@@ -187,9 +187,9 @@ class ProtocolAgent:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        if self._watch_thread is not None:
-            self._watch_thread.join(5)
-            assert not self._watch_thread.is_alive()
+        if self.watch_thread is not None:
+            self.watch_thread.join(5)
+            assert not self.watch_thread.is_alive()
 
     def upload(
         self, incident_id: str, rank: int, file_name: str, data: bytes, *, chunk: int = 64 * 1024

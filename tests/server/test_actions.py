@@ -23,7 +23,7 @@ from hangwatch import config
 from hangwatch.wire import pb, rpc
 from tests.support.webhook import receiver
 
-from .test_notify import _hang_then_resume
+from .test_notify import hang_then_resume
 
 JOB = "job"
 RECORD = Path(__file__).resolve().parents[1] / "live" / "record_argv.py"
@@ -272,7 +272,7 @@ def test_each_action_is_published_as_incident_action(
     with receiver() as rx:
         c = start_coordinator(notify_url=(rx.url,), exclude_command="true {host}")
         with grpc.insecure_channel(c.grpc_address) as ch:
-            iid = _hang_then_resume(c, rpc.CoordinatorStub(ch))
+            iid = hang_then_resume(c, rpc.CoordinatorStub(ch))
         got = rx.wait(lambda r: any(x.body["event"] == "incident.action" for x in r), 20)
     [action] = [r.body for r in got if r.body["event"] == "incident.action"]
     assert action["incident"]["id"] == iid

@@ -97,7 +97,7 @@ class Node:
             rp = pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
             rp.cpu_time_ns = (cpu_ns or {}).get(r, 0)
             ranks.append(rp)
-        self._send(ranks)
+        self.send(ranks)
 
     def enter(self, enqueued: dict[int, int], *, group: str = "0") -> None:
         """A recorder that does not record completion: only what each rank entered."""
@@ -109,9 +109,9 @@ class Node:
             # Such agents name the op of the newest collective entered.
             gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=enq, op="all_reduce"))
             ranks.append(pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp]))
-        self._send(ranks)
+        self.send(ranks)
 
-    def _send(self, ranks: list[pb.RankProgress]) -> None:
+    def send(self, ranks: list[pb.RankProgress]) -> None:
         self.seq += 1
         self.registry.report_progress(
             pb.ProgressReport(
@@ -188,7 +188,7 @@ def _registry(clock: FakeClock) -> JobRegistry:
     return JobRegistry(agent_lost_timeout=LOST, stall_timeout=STALL, clock=clock)
 
 
-def _stall_pattern(env: Env, seq: int = 5) -> None:
+def stall_pattern(env: Env, seq: int = 5) -> None:
     """Ranks 0-2 inside collective `seq`; rank 3 has not entered it."""
     env.a.report({0: (seq, seq - 1), 1: (seq, seq - 1)})
     env.b.report({2: (seq, seq - 1), 3: (seq - 1, seq - 1)})
@@ -229,14 +229,14 @@ def _over(registry: JobRegistry) -> list[StalledGroup]:
 
 @pytest.mark.timeout(10)
 def test_a_group_stalls_only_once_the_stall_timeout_passes(env: Env) -> None:
-    _stall_pattern(env)
+    stall_pattern(env)
     [st] = env.registry.stalls(JOB)
     assert (st.group, st.seq, st.op, st.kind) == ("0", 5, "all_reduce", "stall")
     assert (st.waiting_ranks, st.not_entered_ranks) == ([0, 1, 2], [3])
     assert (st.stalled_for_s, st.over_timeout) == (0.0, False)
     assert _over(env.registry) == []
     env.clock.advance(STALL / 2)
-    _stall_pattern(env)  # a heartbeat repeating the same numbers is no progress
+    stall_pattern(env)  # a heartbeat repeating the same numbers is no progress
     env.clock.advance(STALL / 2 - 0.25)
     assert _over(env.registry) == []
     env.clock.advance(0.25)
@@ -253,7 +253,7 @@ def test_a_first_collective_waits_out_the_startup_grace(env: Env) -> None:
     not a stall until the grace passes, while a later collective stalls on
     the plain timeout and a mismatch at #1 is not made to wait at all."""
     env.registry.startup_grace = 3 * STALL
-    _stall_pattern(env, seq=1)
+    stall_pattern(env, seq=1)
     env.clock.advance(STALL)
     [st] = env.registry.stalls(JOB)
     assert (st.seq, st.kind, st.not_entered_ranks, st.over_timeout) == (1, "stall", [3], False)
@@ -264,7 +264,7 @@ def test_a_first_collective_waits_out_the_startup_grace(env: Env) -> None:
     [st] = _over(env.registry)
     assert st.seq == 1 and st.stalled_for_s == pytest.approx(3 * STALL)
     # Once every member has been through #1 the plain timeout is back.
-    _stall_pattern(env, seq=2)
+    stall_pattern(env, seq=2)
     env.clock.advance(STALL)
     [st] = _over(env.registry)
     assert st.seq == 2
@@ -272,10 +272,10 @@ def test_a_first_collective_waits_out_the_startup_grace(env: Env) -> None:
 
 @pytest.mark.timeout(10)
 def test_progress_restarts_the_stall_clock(env: Env) -> None:
-    _stall_pattern(env, seq=5)
+    stall_pattern(env, seq=5)
     env.clock.advance(STALL - 2)
     # Everyone moved on by one, and the same shape formed at the next seq.
-    _stall_pattern(env, seq=6)
+    stall_pattern(env, seq=6)
     [st] = env.registry.stalls(JOB)
     assert (st.seq, st.stalled_for_s, st.not_entered_ranks) == (6, 0.0, [3])
     env.clock.advance(STALL - 2)
@@ -354,7 +354,7 @@ def test_agents_are_lost_after_the_lost_agent_timeout_and_found_by_a_report(env:
 
 @pytest.mark.timeout(10)
 def test_behind_a_lost_agent_ranks_are_unobserved_not_behind(env: Env) -> None:
-    _stall_pattern(env)
+    stall_pattern(env)
     [st] = env.registry.stalls(JOB)
     assert (st.kind, st.not_entered_ranks) == ("stall", [3])
     env.clock.advance(LOST / 2)
@@ -414,7 +414,7 @@ def test_reregistration_replaces_the_session_and_keeps_undelivered_commands(env:
 
 @pytest.mark.timeout(10)
 def test_a_stall_opens_one_incident_that_closes_once_every_rank_answered(env: Env) -> None:
-    _stall_pattern(env)
+    stall_pattern(env)
     env.manager.tick()
     assert env.store.list_incidents() == []
     env.clock.advance(STALL)
@@ -463,7 +463,7 @@ def test_a_stall_opens_one_incident_that_closes_once_every_rank_answered(env: En
 
 @pytest.mark.timeout(10)
 def test_the_deadline_closes_collection_without_every_answer(env: Env) -> None:
-    _stall_pattern(env)
+    stall_pattern(env)
     env.clock.advance(STALL)
     env.manager.tick()
     row = env.only_incident()
@@ -561,7 +561,7 @@ def test_an_event_opens_at_once_and_later_symptoms_join_it(env: Env) -> None:
 
 @pytest.mark.timeout(10)
 def test_the_stall_scan_runs_once_per_tick_interval(env: Env) -> None:
-    _stall_pattern(env)
+    stall_pattern(env)
     env.clock.advance(STALL - 0.5)
     env.manager.tick()  # scans: nothing over the timeout yet
     env.clock.advance(0.75)
@@ -578,7 +578,7 @@ def test_a_job_restarted_under_the_same_id_gets_a_new_incident_for_the_same_seq(
     env: Env,
 ) -> None:
     """New processes reach the same (group, seq) again: a new hang, not the old one's."""
-    _stall_pattern(env)
+    stall_pattern(env)
     env.clock.advance(STALL)
     env.manager.tick()
     first = env.only_incident()
@@ -597,7 +597,7 @@ def test_a_job_restarted_under_the_same_id_gets_a_new_incident_for_the_same_seq(
     env.a.report({0: (2, 2), 1: (2, 2)})
     env.b.report({2: (2, 2), 3: (2, 2)})
     env.clock.advance(1)
-    _stall_pattern(env)
+    stall_pattern(env)
     env.clock.advance(STALL)
     env.manager.tick()
     rows = env.store.list_incidents(job_id=JOB)

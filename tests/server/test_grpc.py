@@ -485,13 +485,13 @@ def test_command_stream_ends_cleanly(coordinator: Coordinator, stub: rpc.Coordin
     a.watch()
     wait_for(lambda: coordinator.registry.snapshot(JOB).agents[0].watching, 5, "stream open")  # type: ignore[union-attr]
     a.register()
-    assert a._watch_thread is not None
-    a._watch_thread.join(5)
-    assert not a._watch_thread.is_alive() and a.watch_error is None
+    assert a.watch_thread is not None
+    a.watch_thread.join(5)
+    assert not a.watch_thread.is_alive() and a.watch_error is None
     # A stream with an unknown session is refused with a clear status.
     a.session_id = "0" * 32
     a.watch()
-    a._watch_thread.join(5)
+    a.watch_thread.join(5)
     assert a.watch_error is not None and a.watch_error.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 

@@ -17,7 +17,7 @@ from hangwatch import formats
 from hangwatch.wire import pb
 
 from . import test_fake_clock
-from .test_fake_clock import JOB, STALL, Env, _stall_pattern
+from .test_fake_clock import JOB, STALL, Env, stall_pattern
 
 env = test_fake_clock.env  # its fixture: real registry, manager and store on a FakeClock
 
@@ -41,7 +41,7 @@ def _answer_all(env: Env, incident_id: str) -> None:
 
 
 def _open_stall(env: Env) -> str:
-    _stall_pattern(env, seq=5)  # ranks 0-2 in #5, rank 3 not entered (it is evaluating)
+    stall_pattern(env, seq=5)  # ranks 0-2 in #5, rank 3 not entered (it is evaluating)
     env.clock.advance(STALL)
     env.manager.tick()
     row = env.only_incident()
@@ -325,7 +325,7 @@ def test_a_restarted_job_that_hangs_before_its_first_report_opens_its_own_incide
     for node in (env.a, env.b):
         node.pid_base += 1000
         node.register()
-    _stall_pattern(env, seq=5)  # their first numbers: already stuck
+    stall_pattern(env, seq=5)  # their first numbers: already stuck
     env.clock.advance(STALL)
     env.manager.tick()
     ids = [r.id for r in env.store.list_incidents()]

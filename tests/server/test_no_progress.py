@@ -209,7 +209,7 @@ def test_a_job_whose_ranks_exited_is_over_not_quiet(env: Env) -> None:
             )
             for r in ranks
         ]
-        node._send(gone)
+        node.send(gone)
     for _ in range(3 * int(STALL)):
         env.clock.advance(1.0)
         env.manager.tick()

@@ -198,7 +198,7 @@ def test_target_names_a_webhook_without_its_secrets() -> None:
 # ---- through a real coordinator -------------------------------------------------
 
 
-def _hang_then_resume(c: Coordinator, stub: rpc.CoordinatorStub) -> str:
+def hang_then_resume(c: Coordinator, stub: rpc.CoordinatorStub) -> str:
     """Rank 2 skips collective 5 of a 4-rank job; dumps are uploaded; then it catches up."""
     a = ProtocolAgent(stub, job_id="job-1", agent_id="node-a", ranks=[0, 1], world_size=4)
     b = ProtocolAgent(stub, job_id="job-1", agent_id="node-b", ranks=[2, 3], world_size=4)
@@ -226,7 +226,7 @@ def test_an_incident_through_the_coordinator_reaches_the_webhook(
     with receiver() as rx:
         c = start_coordinator(notify_url=(rx.url, down), public_url="https://hw.example.org/")
         with grpc.insecure_channel(c.grpc_address) as ch:
-            iid = _hang_then_resume(c, rpc.CoordinatorStub(ch))
+            iid = hang_then_resume(c, rpc.CoordinatorStub(ch))
         got = rx.wait(lambda r: len(r) == 3, 10)
         analyzed_row = c.store.get_incident(iid)
     assert [r.body["event"] for r in got] == [
