@@ -46,6 +46,7 @@ def _opt(
     *,
     secret: bool = False,
     help_for: Mapping[str, str] | None = None,
+    default_for: Mapping[str, str] | None = None,
     choices: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     return {
@@ -55,6 +56,8 @@ def _opt(
         "secret": secret,
         # A command's own wording where one field means different things to each.
         "help_for": dict(help_for or {}),
+        # What --help says the default is, where a command has its own (in words).
+        "default_for": dict(default_for or {}),
         # The only values the flag takes (argparse lists them in the usage line).
         "choices": tuple(choices) if choices is not None else None,
     }
@@ -343,6 +346,11 @@ class AgentSection:
         metadata=_opt(
             "HOST:PORT of the coordinator's gRPC endpoint.",
             [AGENT, DEMO, RUN],
+            help_for={
+                DEMO: "HOST:PORT of a running coordinator's gRPC endpoint to report to (its"
+                " stall timeout is used); unset, the demo starts a coordinator of its own.",
+            },
+            default_for={DEMO: "a coordinator of its own, on free ports"},
         ),
     )
     run_dir: str = field(
@@ -559,7 +567,7 @@ def add_arguments(
         flag = flag_of(f)
         if command not in md["commands"] or flag is None:
             continue
-        default = (defaults or {}).get(f.name, f.default)
+        default = (defaults or {}).get(f.name, md["default_for"].get(command, f.default))
         if default is dataclasses.MISSING:  # computed at run time (a default_factory)
             default = "the host name" if f.name == "node_id" else None
         shown = "" if md["secret"] or default in (None, "", False) else f"; default {default}"

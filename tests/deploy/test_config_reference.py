@@ -54,6 +54,13 @@ def test_every_commands_help_shows_real_defaults() -> None:
     text = " ".join(p.format_help().split())
     assert "default the host name" in text
     assert "--on-hang {observe,abort}" in text
+    # The demo starts its own coordinator unless given one: its help says so,
+    # not the agent's fixed default address.
+    p = argparse.ArgumentParser(prog="demo")
+    config.add_arguments(p, "demo")
+    text = " ".join(p.format_help().split())
+    assert "unset, the demo starts a coordinator of its own" in text
+    assert "127.0.0.1:7451" not in text
     with pytest.raises(SystemExit):
         p.parse_args(["--on-hang", "sometimes"])
 
