@@ -17,7 +17,7 @@ from hangwatch import formats
 from hangwatch.wire import pb
 
 from . import test_fake_clock
-from .test_fake_clock import JOB, STALL, Env, stall_pattern
+from .test_fake_clock import DEADLINE, JOB, STALL, Env, stall_pattern
 
 env = test_fake_clock.env  # its fixture: real registry, manager and store on a FakeClock
 
@@ -108,6 +108,37 @@ def test_a_restarted_agent_is_not_progress(env: Env) -> None:
     env.a.report({0: (5, 5), 1: (5, 5)})
     env.manager.tick()
     assert env.only_incident().status == "resolved"
+
+
+@pytest.mark.timeout(20)
+def test_an_agent_restarted_during_collection_is_asked_again_and_the_verdict_is_whole(
+    env: Env,
+) -> None:
+    """Fault matrix, collecting x agent restart: node b's agent took the DUMP
+    and died before answering. The restarted agent (a new session, the same
+    rank processes) is handed the same DUMP again, with what is left of its
+    deadline, and its answer completes the bundle: no rank is lost to the
+    restart and nothing opens a second incident."""
+    first = _open_stall(env)
+    assert [c.incident_id for c in env.b.commands()] == [first]
+    assert env.a.answer(env.manager, first)
+    env.clock.advance(3)
+    env.b.register()  # killed and restarted: a new session
+    env.b.report({2: (5, 4), 3: (4, 4)})  # the same processes, where they were
+    env.manager.tick()
+    [again] = env.b.commands()
+    assert again.incident_id == first
+    assert again.to_pb(env.clock.now).deadline_s == pytest.approx(DEADLINE - 3)
+    assert env.manager.is_collecting(first)
+    assert env.b.answer(env.manager, first)
+    env.manager.tick()
+    done = env.finalized(first)
+    assert (done.status, done.ranks_dumped, done.ranks_unreachable) == (
+        "analyzed",
+        [0, 1, 2, 3],
+        {},
+    )
+    assert [r.id for r in env.store.list_incidents()] == [first]
 
 
 @pytest.mark.timeout(20)
