@@ -364,7 +364,11 @@ class AgentSection:
         default=1.0,
         metadata=_opt(
             "Seconds between the agent's FR progress polls.",
-            [AGENT, DEMO],
+            [AGENT, DEMO, SERVER],
+            help_for={
+                SERVER: "The agents' poll interval, in seconds: the straggler monitor scores"
+                " one instant per interval (set it to what the agents use).",
+            },
         ),
     )
     node_id: str = field(

@@ -21,7 +21,7 @@ from hangwatch.config import env_var
 from hangwatch.testing.backends import COMPLETION_UNKNOWN
 from hangwatch.testing.scenarios import get_scenario
 from tests.helpers import BACKENDS, E2E_SCENARIOS, skip_unless_backend
-from tests.live.conftest import STALL_TIMEOUT
+from tests.live.conftest import POLL_INTERVAL, STALL_TIMEOUT
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def _demo(
 ) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ[env_var("run_dir")] = str(tmp_path / "run")
-    environ[env_var("poll_interval")] = "0.5"
+    environ[env_var("poll_interval")] = str(POLL_INTERVAL)
     # A job id of its own: the coordinator is shared, and the previous test's
     # job (its ranks killed as its demo ended) may still report to it.
     job_id = f"e2e-{tmp_path.name}"

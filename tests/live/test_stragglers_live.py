@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 
 from hangwatch.config import env_var
+from tests.live.conftest import POLL_INTERVAL
 from tests.support.lateness_api import wait_scored
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 WORLD = 4
 SLOW = 2
-# Scoring ticks (one per poll interval, 1 s) the healthy job must pass unnamed.
+# Scoring ticks (one per poll interval, 0.5 s) the healthy job must pass unnamed.
 HEALTHY_TICKS = 30
 SCRIPT = Path(__file__).with_name("straggler_job.py")
 
@@ -45,6 +46,7 @@ def _job(coordinator: dict[str, str], tmp: Path, job_id: str, slow: int) -> Iter
     """Agent and ranks running; yields the stop file. Every process must end cleanly."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     environ[env_var("job_id")] = job_id
+    environ[env_var("poll_interval")] = str(POLL_INTERVAL)  # the coordinator's tick
     run_dir, store = tmp / "run", tmp / "store"
     with ExitStack() as files:
         yield from _processes(coordinator, tmp, environ, run_dir, store, slow, files)
