@@ -146,12 +146,12 @@ def test_an_early_hang_is_named_within_the_bound(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_long_warm_up_on_every_rank_is_work_not_a_hang(tmp_path: Path) -> None:
-    """Every stage computes for 15 s before its first step (as under torch.compile):
+    """Every stage computes for 12 s before its first step (as under torch.compile):
     quiet counters past the 9 s bound, but every rank busy on a CPU, which the
     agent reads from /proc and the coordinator weighs. No incident; the job ends."""
     job_id = "pipe-warmup"
     args = ("--startup-grace", "6")
-    plan = {"warmup_s": "15", "steps": "40", "step_s": "0.02"}
+    plan = {"warmup_s": "12", "steps": "40", "step_s": "0.02"}
     with _watched(tmp_path, job_id, args, **plan) as (coord, agent, job):
         assert job.wait(90) == 0, (tmp_path / "job.log").read_text()[-3000:]
         assert coord.api(f"/api/incidents?job={job_id}") == []

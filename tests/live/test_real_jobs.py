@@ -288,8 +288,8 @@ def test_dead_loader_thread_is_in_the_incident(server: dict[str, str], tmp_path:
 
 @pytest.mark.timeout(150)
 def test_slow_evaluation_is_one_resolved_incident(server: dict[str, str], tmp_path: Path) -> None:
-    """Rank 0 evaluates for 12 s while rank 1 waits in a barrier (stall timeout 5 s)."""
-    with live_job(server, tmp_path, "slow-eval", EVAL_S="12") as j:
+    """Rank 0 evaluates for 9 s while rank 1 waits in a barrier (stall timeout 5 s)."""
+    with live_job(server, tmp_path, "slow-eval", EVAL_S="9") as j:
         assert j.finished(90) == 0, j.output()
         s = j.ended()
         assert j.unresolved() == []
