@@ -53,16 +53,9 @@ def _demo(
     return json.loads(r.stdout)
 
 
-@pytest.mark.timeout(170)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", E2E_SCENARIOS)
-def test_live_incident(
-    coordinator: dict[str, str], name: str, backend: str, tmp_path: Path
-) -> None:
-    skip_unless_backend(backend)
+def _check_incident(out: dict, name: str, backend: str) -> None:
+    """The demo's report of scenario `name` against the scenario's ground truth."""
     sc = get_scenario(name).for_backend(backend)
-    out = _demo(coordinator, name, tmp_path, backend)
-
     assert out["schema"] == "hangwatch.report/1"
     assert out["incident_id"]
     assert out["injected_ranks"] == sc.guilty_ranks(WORLD)
@@ -94,6 +87,21 @@ def test_live_incident(
     assert ("completion-unknown" in kinds) == (backend in COMPLETION_UNKNOWN), kinds
 
 
+# "skip" and "two" run, one after the other under one job id, in the test
+# below: each launch is four torch imports, so they are not launched here again.
+SAME_JOB = ("skip", "two")
+
+
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", [n for n in E2E_SCENARIOS if n not in SAME_JOB])
+def test_live_incident(
+    coordinator: dict[str, str], name: str, backend: str, tmp_path: Path
+) -> None:
+    skip_unless_backend(backend)
+    _check_incident(_demo(coordinator, name, tmp_path, backend), name, backend)
+
+
 @pytest.mark.timeout(170)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_live_healthy_job_raises_no_incident(
@@ -105,18 +113,21 @@ def test_live_healthy_job_raises_no_incident(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_demo_takes_only_the_incident_its_own_run_caused(
-    coordinator: dict[str, str], tmp_path: Path
+    coordinator: dict[str, str], backend: str, tmp_path: Path
 ) -> None:
     """Two runs against one coordinator under one job id: the second must not be
     handed the first one's incident (it used to be, with a negative detection time)."""
-    first = _demo(coordinator, "skip", tmp_path / "a", "gloo", "--job-id", "samejob")
+    skip_unless_backend(backend)
+    first = _demo(coordinator, "skip", tmp_path / "a", backend, "--job-id", f"samejob-{backend}")
     # A stall timeout asked of the demo is not the one in force: the coordinator's is.
     second = _demo(
-        coordinator, "two", tmp_path / "b", "gloo", "--job-id", "samejob", "--stall-timeout", "7"
-    )
-    assert first["lagging_ranks"] == get_scenario("skip").lagging_ranks(WORLD)
+        coordinator, "two", tmp_path / "b", backend, "--job-id", f"samejob-{backend}",
+        "--stall-timeout", "7",
+    )  # fmt: skip
+    # Each is its scenario's incident, checked in full as test_live_incident does.
+    _check_incident(first, "skip", backend)
+    _check_incident(second, "two", backend)
     assert second["incident_id"] != first["incident_id"]
-    assert second["lagging_ranks"] == get_scenario("two").lagging_ranks(WORLD), second["summary"]
-    assert second["detection_s"] > 0
     assert second["stall_timeout_s"] == STALL_TIMEOUT
