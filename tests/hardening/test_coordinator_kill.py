@@ -26,8 +26,8 @@ JOB = "chaos-coord"
 WORLD = 2
 CULPRIT = 1
 KILLS = 1  # one down window is enough for the step-time ratio; the hang below kills it again
-DOWN_S = 2.5
-UP_S = 2.5
+DOWN_S = 1.5  # 75 steps of 20 ms: enough for a median
+UP_S = 1.5
 STALL_S = 2.0
 
 
