@@ -158,14 +158,13 @@ class Coordinator:
             target=self._score_stragglers, name="hangwatch-stragglers", daemon=True
         )
         self.grpc_port = 0
-        self._loop = asyncio.new_event_loop()
         # The handlers' blocking work (SQLite, bundle files: asyncio.to_thread)
-        # runs on this pool, made here so that its threads are declared.
+        # runs on this pool, made here so that its threads are declared. The
+        # loop and its thread are made when gRPC starts: a coordinator built and
+        # never started leaves no open loop behind.
         self._io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hangwatch-grpc-io")
-        self._loop.set_default_executor(self._io_pool)
-        self._loop_thread = threading.Thread(
-            target=self._loop.run_forever, name="hangwatch-grpc", daemon=True
-        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._server: grpc.aio.Server | None = None
         self._start_timeout_s = 15.0
         self._grace_s = 3.0
@@ -209,7 +208,10 @@ class Coordinator:
                     name="grpc",
                     start=self._start_grpc,
                     stop=self._stop_grpc,
-                    threads=lambda: [self._loop_thread, *executor_threads(self._io_pool)],
+                    threads=lambda: [
+                        *([self._loop_thread] if self._loop_thread else []),
+                        *executor_threads(self._io_pool),
+                    ],
                 ),
             ]
         )
@@ -272,9 +274,14 @@ class Coordinator:
         return self.grpc_port
 
     def _start_grpc(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        loop.set_default_executor(self._io_pool)
+        self._loop_thread = threading.Thread(
+            target=loop.run_forever, name="hangwatch-grpc", daemon=True
+        )
         self._loop_thread.start()
         try:
-            self.grpc_port = asyncio.run_coroutine_threadsafe(self._astart(), self._loop).result(
+            self.grpc_port = asyncio.run_coroutine_threadsafe(self._astart(), loop).result(
                 self._start_timeout_s
             )
         except BaseException:
@@ -305,7 +312,7 @@ class Coordinator:
         self.store.close()
 
     def _stop_grpc(self, left: float) -> None:
-        if self._server is not None:
+        if self._server is not None and self._loop is not None:
             self.service.stopping.set()
             self._loop.call_soon_threadsafe(self.service.shutdown_streams)
             grace = min(self._grace_s, left)
@@ -323,15 +330,15 @@ class Coordinator:
             self._scoring.join(left)
 
     def _stop_loop(self, left: float) -> None:
+        self._io_pool.shutdown(wait=False, cancel_futures=True)
         loop = self._loop
-        if loop.is_closed():
+        if loop is None or loop.is_closed():
             return
         loop.call_soon_threadsafe(loop.stop)
-        if self._loop_thread.is_alive():
+        if self._loop_thread is not None and self._loop_thread.is_alive():
             self._loop_thread.join(left)
         if not loop.is_running():
             loop.close()
-        self._io_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Coordinator:
         self.start()

@@ -84,7 +84,11 @@ class ServerRuntime:
                 raise StartError(
                     f"cannot bind gRPC on {hostport(conf.serve.host, conf.serve.grpc_port)}: {e}"
                 ) from e
-        self.coordinator = Coordinator(conf, http_address=self.http_address)
+        try:
+            self.coordinator = Coordinator(conf, http_address=self.http_address)
+        except BaseException:
+            self._http_sock.close()
+            raise
         self._uv: Any = None
         self._http_thread = threading.Thread(
             target=self._serve_http, name="hangwatch-http", daemon=True

@@ -184,9 +184,15 @@ def live_job(
 
 
 @pytest.mark.timeout(120)
-def test_healthy_ddp_raises_nothing_and_ends(server: dict[str, str], tmp_path: Path) -> None:
-    with live_job(server, tmp_path, "ddp") as j:
+def test_healthy_ddp_fsdp2_and_a_checkpoint_raise_nothing_and_end(
+    server: dict[str, str], tmp_path: Path
+) -> None:
+    """DDP, then FSDP2, then a sharded checkpoint (every rank writes its shards),
+    then more steps: one launch of a healthy job."""
+    ckpt = tmp_path / "ckpt"
+    with live_job(server, tmp_path, "healthy", CHECKPOINT_DIR=str(ckpt)) as j:
         assert j.finished() == 0, j.output()
+        assert (ckpt / ".metadata").is_file(), sorted(p.name for p in tmp_path.rglob("*"))
         s = j.ended()
         assert s.ended_reason == "every rank of the job exited" and not s.live
         assert s.oldest_inflight_age_s is None and s.stalled_groups == 0
@@ -194,14 +200,6 @@ def test_healthy_ddp_raises_nothing_and_ends(server: dict[str, str], tmp_path: P
         # reach its first collective seconds after its peers (measured: its FR
         # empty while py-spy had it in its first forward), which the start-up
         # grace absorbs.
-        assert j.incidents() == []
-
-
-@pytest.mark.timeout(120)
-def test_healthy_fsdp2_raises_nothing(server: dict[str, str], tmp_path: Path) -> None:
-    with live_job(server, tmp_path, "fsdp2") as j:
-        assert j.finished() == 0, j.output()
-        j.ended()
         assert j.incidents() == []
 
 

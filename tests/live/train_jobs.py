@@ -1,7 +1,7 @@
 """Small real training jobs for the live tests: launched by torchrun under
 `hangwatch run`, they know nothing of hangwatch.
 
-    python train_jobs.py JOB   (ddp, ddp-uneven, fsdp2, crash, loader, slow-eval, pipeline)
+    python train_jobs.py JOB   (healthy, ddp-uneven, crash, loader, slow-eval, pipeline)
 
 Every job prints "DONE" and exits 0 when it finishes; the hanging ones never do
 (the test ends them). Sleeps stand in for the work a step does, so that the
@@ -45,7 +45,11 @@ def ddp(rank: int, batches: int, fail_at: int | None = None) -> None:
     train(net, batches, fail_at)
 
 
-def fsdp2() -> None:
+def fsdp2(checkpoint_dir: str) -> None:
+    """FSDP2 training, then a sharded checkpoint (torch.distributed.checkpoint):
+    every rank writes its shards and the ranks agree on the metadata, through
+    the same process group."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -55,7 +59,9 @@ def fsdp2() -> None:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
-    train(net, 30)
+    train(net, 20)
+    dcp.save({"model": net.state_dict()}, checkpoint_id=checkpoint_dir)
+    train(net, 5)
 
 
 def loader(rank: int) -> None:
@@ -110,15 +116,16 @@ def pipeline(rank: int) -> None:
 def main(job: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    if job == "ddp":
-        ddp(rank, 30)
+    if job == "healthy":
+        # One launch, three things a healthy job does: DDP, then FSDP2, then a
+        # sharded checkpoint, then training on.
+        ddp(rank, 20)
+        fsdp2(os.environ["CHECKPOINT_DIR"])
     elif job == "ddp-uneven":
         # Rank 1's shard has fewer batches: it leaves the loop and waits at the
         # final barrier while rank 0 is in its next step's gradient all_reduce.
         ddp(rank, 30 if rank == 1 else 40)
         dist.barrier()
-    elif job == "fsdp2":
-        fsdp2()
     elif job == "crash":
         ddp(rank, 30, fail_at=10 if rank == 1 else None)
     elif job == "loader":
