@@ -45,6 +45,9 @@ class Watch:
     late_hint: list[int] = field(default_factory=list)  # trigger's not-entered ranks
     resumed_at: float | None = None  # coordinator monotonic: progress seen after opening
     outcome: IncidentStatus | None = None  # None while collecting; then analyzed or failed
+    # Recovered after a restart: the job cannot be judged stopped before its
+    # agents had the time to re-register (coordinator monotonic), only resolved.
+    end_not_before: float | None = None
 
 
 def late_hint(info: dict[str, Any]) -> list[int]:
@@ -68,6 +71,8 @@ def step(w: Watch, *, registry: JobRegistry, store: IncidentStore, metrics: Metr
     if w.resumed_at is not None:
         resolve(w, store=store, registry=registry, metrics=metrics)
         return True
+    if w.end_not_before is not None and registry.now() < w.end_not_before:
+        return False
     why = registry.job_stopped(w.job_id)
     if why is not None:
         end(w, why, store=store, metrics=metrics)

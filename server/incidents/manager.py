@@ -462,6 +462,26 @@ class IncidentManager:
                 len(inc.dumped),
                 len(inc.expected),
             )
+        # Analysed and still open (the hang outlived the coordinator that named
+        # it): watched from now on, so it resolves when the job really moves, or
+        # ends with it. A re-registration is a baseline, not progress (issue 27).
+        # The onset is its creation, mapped onto this run's clock: the stall
+        # began at least that long ago.
+        for row in self.store.list_incidents(status=IncidentStatus.ANALYZED, limit=10_000):
+            if not row.is_open:
+                continue
+            onset = now - max(0.0, time.time() - row.created)
+            with self._lock:
+                self._watch[row.id] = Watch(
+                    incident_id=row.id,
+                    job_id=row.job_id,
+                    trigger=row.trigger,
+                    opened=now,
+                    onset=onset,
+                    outcome=IncidentStatus.ANALYZED,
+                    end_not_before=now + wait_s,
+                )
+            log.info("incident %s is open from before the restart; watching it", row.id)
 
     def _ask_recovered(self) -> None:
         """Each re-registered agent of a recovered incident's job is asked once

@@ -18,7 +18,15 @@ from hangwatch import formats
 from hangwatch.wire import pb, rpc
 from tests.support.clock import FakeClock
 
-from .conftest import ProtocolAgent, chunks, gloo_dump, rank_meta, wait_for, wait_status
+from .conftest import (
+    ProtocolAgent,
+    chunks,
+    gloo_dump,
+    hang_rank_2,
+    rank_meta,
+    wait_for,
+    wait_status,
+)
 
 JOB = "job-1"
 
@@ -615,3 +623,65 @@ def test_one_incident_per_hang_until_the_job_progresses(
         assert len(c.store.list_incidents()) == 2
         a.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """Fault matrix, analysed x coordinator restart: the hang outlives the
+    coordinator that diagnosed it. The restarted one sees the same stall past
+    its timeout, tick after tick, and opens nothing; the stored incident
+    resolves when the job really moves."""
+    c1 = start_coordinator()
+    with grpc.insecure_channel(c1.grpc_address) as ch:
+        a, b = _agents(rpc.CoordinatorStub(ch))
+        iid = hang_rank_2(a, b, seq=5)
+        wait_status(c1, iid, "analyzed")
+        a.close()
+        b.close()
+    c1.stop()
+
+    clock = FakeClock()
+    c2 = start_coordinator(clock=clock)
+    with grpc.insecure_channel(c2.grpc_address) as ch:
+        a, b = _agents(rpc.CoordinatorStub(ch))
+        stalled = {a: {0: (5, 4), 1: (5, 4)}, b: {2: (4, 4), 3: (5, 4)}}
+        _hold(c2, clock, stalled, times=20, every=0.5)
+        assert c2.registry.stalls(JOB, over_timeout_only=True), "the restart did not see the hang"
+        assert _incidents(c2) == [iid]
+        # Rank 2 enters #5 and it completes everywhere: the stored incident resolves.
+        _hold(c2, clock, {a: {0: (5, 5), 1: (5, 5)}, b: {2: (5, 5), 3: (5, 5)}}, times=2, every=0.5)
+        row = c2.store.get_incident(iid)
+        assert row is not None and row.status == "resolved", row.status if row else None
+        assert _incidents(c2) == [iid]
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_open_incident_whose_job_never_comes_back_after_a_restart_ends(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """The other way out of the same cell: nobody re-registers. The restarted
+    coordinator gives the agents a lost-agent timeout plus a dump deadline
+    (30 s + 5 s here) to come back, then ends the incident, not left open."""
+    c1 = start_coordinator()
+    with grpc.insecure_channel(c1.grpc_address) as ch:
+        a, b = _agents(rpc.CoordinatorStub(ch))
+        iid = hang_rank_2(a, b, seq=5)
+        wait_status(c1, iid, "analyzed")
+        a.close()
+        b.close()
+    c1.stop()
+
+    clock = FakeClock()
+    c2 = start_coordinator(clock=clock)
+    clock.advance(34.0)
+    c2.incidents.tick()
+    assert c2.store.get_incident(iid).status == "analyzed"  # type: ignore[union-attr]
+    clock.advance(2.0)
+    c2.incidents.tick()
+    row = c2.store.get_incident(iid)
+    assert row is not None and row.status == "ended", row
+    assert "no longer tracks" in (row.close_reason or ""), row.close_reason
