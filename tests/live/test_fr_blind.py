@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import pytest
 
 from hangwatch.config import env_var
 from tests.hardening.util import wait_for
-from tests.live.conftest import stop_job
+from tests.live.conftest import has_compiler_stack, rss_bytes, stop_job
 from tests.support.chaos import AgentProc, CoordinatorProc
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -90,6 +92,15 @@ def _analysed(coord: CoordinatorProc, job_id: str) -> dict[str, Any] | None:
     rows = coord.api(f"/api/incidents?job={job_id}")
     done = [r for r in rows if r["status"] in ("analyzed", "resolved", "ended", "failed")]
     return coord.api(f"/api/incidents/{done[0]['id']}") if done else None
+
+
+def _pids(coord: CoordinatorProc, job_id: str) -> list[int] | None:
+    try:
+        ranks = coord.api(f"/api/jobs/{job_id}/ranks")["ranks"]
+    except urllib.error.HTTPError:
+        return None
+    pids = [int(r["pid"]) for r in ranks]
+    return pids if len(pids) == WORLD else None
 
 
 def _check_middle_stage_named(inc: dict[str, Any], state: str) -> None:
@@ -167,12 +178,26 @@ def test_a_quiet_period_that_ends_is_resolved_even_across_an_agent_restart(
     killed (-9) and restarted while the stage still sleeps; the restarted agent
     re-registers the same processes with the numbers they still have, which is
     no progress. The incident resolves only when the stage really wakes, as a
-    transient stall of the middle stage, and it is the only one."""
+    transient stall of the middle stage, and it is the only one.
+
+    What the incident cost each rank (issue 24): its RSS grew by less than
+    20 MB across the dumps, and torch's compiler stack, absent before, was not
+    loaded by them (the FR dump's call sites used to import torch._inductor)."""
     job_id = "pipe-agent-restart"
     plan = {"stall_after": "4", "stall_for": "14", "steps": "150", "step_s": "0.03"}
     with _watched(tmp_path, job_id, **plan) as (coord, agent, job):
         t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
+        pids = wait_for(lambda: _pids(coord, job_id), 30, "the ranks registered")
+        assert not any(has_compiler_stack(p) for p in pids)
+        before: dict[int, int] = {}
+        while not coord.api(f"/api/incidents?job={job_id}"):  # the last sample is the baseline
+            before = {p: rss_bytes(p) for p in pids}
+            time.sleep(0.1)
         inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
+        for p in pids:
+            grew = rss_bytes(p) - before[p]
+            assert grew < 20 << 20, f"rank pid {p} grew {grew >> 20} MB across the incident"
+            assert not has_compiler_stack(p), f"the incident loaded torch's compiler into {p}"
         _check_middle_stage_named(inc, "sleeping")
         # Named within the stall timeout plus 10 s of the stall (wall clock, one host).
         assert inc["created"] - t0 <= STALL_TIMEOUT + 10, (inc["created"], t0)
