@@ -175,11 +175,36 @@ def thread_that_matters(threads: list[Thread]) -> Thread | None:
     return min(ours, key=lambda t: (not t.in_collective, t.main_rank, -len(t.frames)), default=None)
 
 
-def thread_that_matters_first(text: str) -> str:
-    """The same stack text with the thread `thread_that_matters` picks moved to the
-    top, then the others as printed, hangwatch's own helper threads last: what a
-    page shows in a scrolling box, where the first lines are the ones read.
-    Nothing is dropped; text with no thread in it comes back unchanged."""
+# Paths whose frames are not the user's: torch and installed packages, the
+# interpreter's own library and frozen modules, hangwatch (but its hang zoo's
+# jobs, which stand in for a user's script).
+_NOT_USER: Final = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+
+
+def is_user_frame(f: Frame) -> bool:
+    """A frame of the job's own code: not torch, an installed package, hangwatch
+    or the standard library."""
+    path = f.path
+    if "/hangwatch/" in path and "/hangwatch/testing/" not in path:
+        return False
+    return not any(p in path for p in _NOT_USER)
+
+
+@dataclass(frozen=True)
+class ReadingOrder:
+    """A rank's stack text as a page shows it: `shown` opens with the thread that
+    matters, then the job's other threads as printed; hangwatch's own helper
+    threads are `helpers` (folded, `helper_count` of them). `user_line`: the line
+    of `shown` holding the innermost frame of the job's own code in the thread
+    that matters (None when it has none). Nothing is dropped."""
+
+    shown: str
+    helpers: str = ""
+    helper_count: int = 0
+    user_line: int | None = None
+
+
+def reading_order(text: str) -> ReadingOrder:
     lines = text.splitlines()
     preamble: list[str] = []
     blocks: list[list[str]] = []
@@ -190,14 +215,28 @@ def thread_that_matters_first(text: str) -> str:
             blocks[-1].append(line)
         else:
             preamble.append(line)
-    if len(blocks) < 2:
-        return text
+    if not blocks:
+        return ReadingOrder(shown=text)
     parsed = [parse_threads("\n".join(b)) for b in blocks]
     threads = [p[0] if p else Thread(header=b[0]) for p, b in zip(parsed, blocks, strict=True)]
     chosen = thread_that_matters([t for t in threads if t.frames])
     first = [i for i, t in enumerate(threads) if t is chosen]
     rest = [i for i, t in enumerate(threads) if t is not chosen and not t.is_helper]
     helpers = [i for i, t in enumerate(threads) if t is not chosen and t.is_helper]
-    ordered = [line for i in first + rest + helpers for line in blocks[i]]
-    out = "\n".join(preamble + ordered)
-    return out + "\n" if text.endswith("\n") else out
+    shown = preamble + [line for i in first + rest for line in blocks[i]]
+    user_line = None
+    if chosen is not None and first:
+        user = next((f for f in chosen.frames if is_user_frame(f)), None)
+        if user is not None:
+            start = len(preamble)
+            for k, line in enumerate(blocks[first[0]]):
+                m = FAULTHANDLER_FRAME.match(line) or PYSPY_FRAME.match(line)
+                if m and (m["func"], m["file"], m["line"]) == (user.func, user.file, user.line):
+                    user_line = start + k
+                    break
+    return ReadingOrder(
+        shown="\n".join(shown),
+        helpers="\n".join(line for i in helpers for line in blocks[i]),
+        helper_count=len(helpers),
+        user_line=user_line,
+    )

@@ -16,7 +16,7 @@ from hangwatch.analyzer.text import finding_roles, group_sort_key
 from hangwatch.server.web import timeline, waitgraph
 from markupsafe import Markup
 
-from hangwatch.stacktext import thread_that_matters_first
+from hangwatch.stacktext import ReadingOrder, reading_order
 
 if TYPE_CHECKING:
     from hangwatch.server.incidents.store import IncidentRow
@@ -75,9 +75,10 @@ class RankCard:
     stack_source: str
     fr_source: str
     gpu_items: list[tuple[str, str]]
-    # The rank's stacks with the thread that matters first (the CLI's choice):
-    # hangwatch's own dump-handler thread can be 100 lines of imports.
-    stacks: str = ""
+    # The rank's stacks as read: the thread that matters first (the CLI's choice),
+    # its innermost frame of the job's own code marked, hangwatch's own threads
+    # folded (the dump-handler thread can be 100 lines of imports).
+    stacks: ReadingOrder | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +137,7 @@ def _card(rank: int, ev: RankEvidence | None) -> RankCard:
         stack_source=ev.sources.get("stacks", "unknown" if ev.stacks else "none"),
         fr_source=ev.sources.get("fr", "unknown"),
         gpu_items=_gpu_items(ev.gpu),
-        stacks=thread_that_matters_first(ev.stacks) if ev.stacks else "",
+        stacks=reading_order(ev.stacks) if ev.stacks else None,
     )
 
 

@@ -10,7 +10,7 @@ from hangwatch.analyzer.stackdiag import classify
 from hangwatch.analyzer.text import stack_excerpt
 
 from hangwatch.formats import RankMeta
-from hangwatch.stacktext import thread_that_matters_first
+from hangwatch.stacktext import reading_order
 
 # `python -m train`: the main thread's outermost frame is runpy's; a helper
 # thread is deep in an import (more frames, and `<module>` frames inside).
@@ -133,12 +133,17 @@ def test_a_hook_handler_entered_from_cpp_is_never_taken_for_the_main_thread() ->
 
 
 def test_the_page_shows_the_thread_that_matters_first_and_loses_nothing() -> None:
-    """The incident page's stacks box (thread_that_matters_first): the rank's own
-    thread opens it; the hook's 100-line handler thread comes last, still there."""
-    ordered = thread_that_matters_first(WORKER_SERVER_HANDLER)
-    first_block = ordered.split("\nThread ")[0]
+    """The incident page's stacks box (reading_order): the rank's own thread
+    opens it with its innermost frame of the job's code marked; the hook's
+    100-line handler thread is folded apart, still there."""
+    order = reading_order(WORKER_SERVER_HANDLER)
+    first_block = order.shown.split("\nThread ")[0]
     assert "_stall_outside_collectives" in first_block, first_block[:500]
-    assert "importlib" not in first_block and "hook_endpoint" not in first_block
-    assert sorted(ordered.splitlines()) == sorted(WORKER_SERVER_HANDLER.splitlines())
-    # Text without two threads comes back as it was.
-    assert thread_that_matters_first("<no Python frame>\n") == "<no Python frame>\n"
+    assert "importlib" not in order.shown and "hook_endpoint" not in order.shown
+    assert order.helper_count == 1 and "hook_endpoint" in order.helpers
+    both = order.shown.splitlines() + order.helpers.splitlines()
+    assert sorted(filter(None, both)) == sorted(filter(None, WORKER_SERVER_HANDLER.splitlines()))
+    assert order.user_line is not None
+    assert "_stall_outside_collectives" in order.shown.splitlines()[order.user_line]
+    # Text with no thread in it comes back as it was.
+    assert reading_order("<no Python frame>\n").shown == "<no Python frame>\n"

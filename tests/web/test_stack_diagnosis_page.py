@@ -59,6 +59,18 @@ def test_the_page_of_a_p2p_deadlock_found_in_the_stacks(tmp_path: Path) -> None:
             waits = page.locator("#stack-diagnosis tbody td:nth-child(4)").all_text_contents()  # type: ignore[attr-defined]
             assert waits == ["1", "0", "0", "1"]
             assert page.locator("#rank-0").is_visible()  # type: ignore[attr-defined]
+            # Rank 0's stacks box, as read (issue 24): it opens with the thread
+            # blocked in torch.distributed, the innermost frame of the job's own
+            # code is marked, and hangwatch's helper thread is folded, counted.
+            box = page.locator("#rank-0 pre.stacks").first  # type: ignore[attr-defined]
+            shown = box.inner_text().splitlines()
+            assert shown[0].startswith("Thread ") and "in recv" in shown[1], shown[:3]
+            mark = page.locator("#rank-0 mark.user-frame")  # type: ignore[attr-defined]
+            assert mark.count() == 1
+            assert mark.inner_text().strip().endswith("line 268 in _inject"), mark.inner_text()
+            folded = page.locator("#rank-0 details.helper-threads")  # type: ignore[attr-defined]
+            assert folded.locator("summary").inner_text() == "1 hangwatch helper thread"
+            assert not folded.locator("pre").is_visible()
             assert b.page_errors == [] and b.console_errors == []
     finally:
         ctx.store.close()
