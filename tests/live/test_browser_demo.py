@@ -66,8 +66,15 @@ def test_job_and_incident_pages_during_a_real_demo(
             # The stall shows up by polling, with no reload: rank 1 is flagged
             # as not having entered the stalled collective.
             page.locator('#heatmap .cell.stalled[data-rank="1"]').wait_for(timeout=60_000)  # type: ignore[attr-defined]
+            # The op's name comes with the FR entries the agent fetches once the
+            # collective has been in flight a while: the row can show before it
+            # (seen under load: "#10" with no op yet); the page fills it in by polling.
             stalled_row = page.locator("#stalled-table tbody tr").first  # type: ignore[attr-defined]
-            assert "all_reduce" in stalled_row.inner_text()
+            page.locator("#stalled-table tbody tr:has-text('all_reduce')").wait_for(timeout=30_000)  # type: ignore[attr-defined]
+            assert "#10" in stalled_row.inner_text()
+            # Once the incident opens, the header says the job is hung, in red
+            # (issue 24), still without a reload.
+            page.locator("h1 .job-state.badge-hang:text-is('hung')").wait_for(timeout=60_000)  # type: ignore[attr-defined]
             screenshot(page, "live-job.png")
 
             out, err = demo.communicate(timeout=150)

@@ -53,11 +53,17 @@
 
   // A job's state badge, as templates/job_state.html draws it.
   function jobStateBadge(j) {
-    // As job_state.html: a live job that is stuck is "stalled", in red.
-    const stuck = j.open_incident || j.stalled_groups || (j.stalled && j.stalled.length);
+    // As job_state.html: a live job with an open incident is "hung", one with a
+    // stalled collective and no incident yet "stalled", both in red.
+    const stuck = j.stalled_groups || (j.stalled && j.stalled.length);
+    if (j.state === "live" && j.open_incident) {
+      const b = el("span", "hung", "badge badge-hang job-state");
+      b.title = "an incident is open: the job is hung";
+      return b;
+    }
     if (j.state === "live" && stuck) {
       const b = el("span", "stalled", "badge badge-hang job-state");
-      b.title = "an incident is open or a collective is stalled";
+      b.title = "a collective is stalled; no incident yet";
       return b;
     }
     if (j.state === "live") return el("span", "live", "badge badge-healthy job-state");
