@@ -41,7 +41,9 @@ _VERDICT_STYLE = {
 
 def render(report: Report, console: Console) -> None:
     style = _VERDICT_STYLE.get(report.verdict, "bold")
-    console.print(Text(f"[{report.verdict}] ", style=style) + Text(report.summary))
+    # One line, never wrapped: piped at 80 columns it used to break mid-sentence,
+    # and the verdict line is what people grep for and paste.
+    console.print(Text(f"[{report.verdict}] ", style=style) + Text(report.summary), soft_wrap=True)
     loaded = f"ranks loaded: {format_ranks(report.ranks_loaded)}"
     if report.ranks_missing:
         loaded += f"   missing: {format_ranks(report.ranks_missing)}"

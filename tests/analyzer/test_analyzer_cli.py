@@ -61,6 +61,17 @@ def test_terminal_report_leads_with_the_verdict(hang_dir: Path) -> None:
     assert "lagging ranks" in p.stdout and "stalled collective" in p.stdout
 
 
+def test_the_verdict_line_is_whole_when_piped(hang_dir: Path) -> None:
+    """Piped, the console is 80 columns wide: the verdict line is never wrapped
+    (people grep for it and paste it), whatever its length."""
+    doc = json.loads(run_cli(str(hang_dir), "--json").stdout)
+    p = run_cli(str(hang_dir))
+    assert p.returncode == 0, p.stderr
+    headline = f"[{doc['verdict']}] {doc['summary']}"
+    assert len(headline) > 80, headline  # long enough to have wrapped
+    assert p.stdout.splitlines()[0] == headline
+
+
 def test_missing_dir_exits_2_with_one_line(tmp_path: Path) -> None:
     p = run_cli(str(tmp_path / "nope"))
     assert p.returncode == 2
