@@ -47,6 +47,12 @@ def test_job_page_lists_the_straggler(served: Served) -> None:
     strip = strip[: strip.index("</div>\n")]
     assert strip.count('role="listitem"') == 16
     assert f'data-rank="{SLOW}"' in strip
+    # The strip says which a red rank is, in the table's word (issue 24).
+    [cell] = re.findall(
+        rf'<div class="cell [^"]*" role="listitem" data-rank="{SLOW}" title="([^"]*)"', strip
+    )
+    assert cell.endswith("| a straggler"), cell
+    assert strip.count("a straggler") == 1
 
 
 def test_metrics_carry_worst_lateness_and_straggler_count_per_job(served: Served) -> None:
