@@ -22,7 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from hangwatch.server.incidents.store import OPEN_STATUSES, IncidentStatus, IncidentStore
+from hangwatch.server.incidents.store import (
+    OPEN_STATUSES,
+    IncidentRow,
+    IncidentStatus,
+    IncidentStore,
+)
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry
 
@@ -48,6 +53,30 @@ class Watch:
     # Recovered after a restart: the job cannot be judged stopped before its
     # agents had the time to re-register (coordinator monotonic), only resolved.
     end_not_before: float | None = None
+
+    @classmethod
+    def recovered(
+        cls,
+        row: IncidentRow,
+        now: float,
+        *,
+        onset: float | None = None,
+        end_not_before: float | None = None,
+    ) -> Watch:
+        """An incident a previous run left open, watched from `now` (only progress
+        seen from then counts): collecting (its outcome comes with its
+        collection) or analysed. `onset`: when its stall began, on this run's
+        clock (default `now`)."""
+        analysed = row.status == IncidentStatus.ANALYZED
+        return cls(
+            incident_id=row.id,
+            job_id=row.job_id,
+            trigger=row.trigger,
+            opened=now,
+            onset=now if onset is None else onset,
+            outcome=IncidentStatus.ANALYZED if analysed else None,
+            end_not_before=end_not_before,
+        )
 
 
 def late_hint(info: dict[str, Any]) -> list[int]:

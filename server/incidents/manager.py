@@ -448,13 +448,7 @@ class IncidentManager:
             inc = Collection.recovered(row, self.store.incident_dir(row.id), now, wait_s)
             with self._lock:
                 self._collecting[row.id] = inc
-                self._watch[row.id] = Watch(
-                    incident_id=row.id,
-                    job_id=row.job_id,
-                    trigger=row.trigger,
-                    opened=now,
-                    onset=now,
-                )
+                self._watch[row.id] = Watch.recovered(row, now)
             log.warning(
                 "incident %s was collecting when the coordinator stopped; asking its agents "
                 "again as they re-register (%d of %d ranks on disk)",
@@ -470,15 +464,11 @@ class IncidentManager:
         for row in self.store.list_incidents(status=IncidentStatus.ANALYZED, limit=10_000):
             if not row.is_open:
                 continue
-            onset = now - max(0.0, time.time() - row.created)
             with self._lock:
-                self._watch[row.id] = Watch(
-                    incident_id=row.id,
-                    job_id=row.job_id,
-                    trigger=row.trigger,
-                    opened=now,
-                    onset=onset,
-                    outcome=IncidentStatus.ANALYZED,
+                self._watch[row.id] = Watch.recovered(
+                    row,
+                    now,
+                    onset=now - max(0.0, time.time() - row.created),
                     end_not_before=now + wait_s,
                 )
             log.info("incident %s is open from before the restart; watching it", row.id)

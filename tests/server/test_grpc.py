@@ -625,14 +625,9 @@ def test_one_incident_per_hang_until_the_job_progresses(
         b.close()
 
 
-@pytest.mark.timeout(60)
-def test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang(
-    start_coordinator: Callable[..., Coordinator],
-) -> None:
-    """Fault matrix, analysed x coordinator restart: the hang outlives the
-    coordinator that diagnosed it. The restarted one sees the same stall past
-    its timeout, tick after tick, and opens nothing; the stored incident
-    resolves when the job really moves."""
+def _analysed_then_stopped(start_coordinator: Callable[..., Coordinator]) -> str:
+    """A coordinator diagnoses rank 2's hang, then stops with the hang still on:
+    the incident is stored analysed and open. Returns its id."""
     c1 = start_coordinator()
     with grpc.insecure_channel(c1.grpc_address) as ch:
         a, b = _agents(rpc.CoordinatorStub(ch))
@@ -641,6 +636,18 @@ def test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang(
         a.close()
         b.close()
     c1.stop()
+    return iid
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """Fault matrix, analysed x coordinator restart: the hang outlives the
+    coordinator that diagnosed it. The restarted one sees the same stall past
+    its timeout, tick after tick, and opens nothing; the stored incident
+    resolves when the job really moves."""
+    iid = _analysed_then_stopped(start_coordinator)
 
     clock = FakeClock()
     c2 = start_coordinator(clock=clock)
@@ -655,8 +662,8 @@ def test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang(
         row = c2.store.get_incident(iid)
         assert row is not None and row.status == "resolved", row.status if row else None
         assert _incidents(c2) == [iid]
-        a.close()
-        b.close()
+        for agent in (a, b):
+            agent.close()
 
 
 @pytest.mark.timeout(60)
@@ -666,14 +673,7 @@ def test_an_open_incident_whose_job_never_comes_back_after_a_restart_ends(
     """The other way out of the same cell: nobody re-registers. The restarted
     coordinator gives the agents a lost-agent timeout plus a dump deadline
     (30 s + 5 s here) to come back, then ends the incident, not left open."""
-    c1 = start_coordinator()
-    with grpc.insecure_channel(c1.grpc_address) as ch:
-        a, b = _agents(rpc.CoordinatorStub(ch))
-        iid = hang_rank_2(a, b, seq=5)
-        wait_status(c1, iid, "analyzed")
-        a.close()
-        b.close()
-    c1.stop()
+    iid = _analysed_then_stopped(start_coordinator)
 
     clock = FakeClock()
     c2 = start_coordinator(clock=clock)

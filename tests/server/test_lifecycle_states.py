@@ -111,9 +111,7 @@ def test_a_restarted_agent_is_not_progress(env: Env) -> None:
 
 
 @pytest.mark.timeout(20)
-def test_an_agent_restarted_during_collection_is_asked_again_and_the_verdict_is_whole(
-    env: Env,
-) -> None:
+def test_an_agent_restarted_during_collection_is_asked_again(env: Env) -> None:
     """Fault matrix, collecting x agent restart: node b's agent took the DUMP
     and died before answering. The restarted agent (a new session, the same
     rank processes) is handed the same DUMP again, with what is left of its
