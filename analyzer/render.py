@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
 from hangwatch.analyzer.report import RankEvidence, Report
 from hangwatch.analyzer.text import (
@@ -41,9 +42,20 @@ _VERDICT_STYLE = {
 
 def render(report: Report, console: Console) -> None:
     style = _VERDICT_STYLE.get(report.verdict, "bold")
-    # One line, never wrapped: piped at 80 columns it used to break mid-sentence,
-    # and the verdict line is what people grep for and paste.
-    console.print(Text(f"[{report.verdict}] ", style=style) + Text(report.summary), soft_wrap=True)
+    # The verdict line wraps as one block: its continuation lines are indented
+    # under the summary, not flush with the tag (piped at 80 columns it used to
+    # read as a new paragraph mid-sentence), and the report still fits the width.
+    tag = f"[{report.verdict}] "
+    lines = textwrap.wrap(
+        report.summary,
+        width=max(40, console.width),
+        initial_indent=tag,
+        subsequent_indent=" " * len(tag),
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [tag.rstrip()]
+    head = Text(lines[0][: len(tag)], style=style) + Text(lines[0][len(tag) :])
+    console.print(Text("\n").join([head, *(Text(line) for line in lines[1:])]), soft_wrap=True)
     loaded = f"ranks loaded: {format_ranks(report.ranks_loaded)}"
     if report.ranks_missing:
         loaded += f"   missing: {format_ranks(report.ranks_missing)}"

@@ -61,15 +61,22 @@ def test_terminal_report_leads_with_the_verdict(hang_dir: Path) -> None:
     assert "lagging ranks" in p.stdout and "stalled collective" in p.stdout
 
 
-def test_the_verdict_line_is_whole_when_piped(hang_dir: Path) -> None:
-    """Piped, the console is 80 columns wide: the verdict line is never wrapped
-    (people grep for it and paste it), whatever its length."""
+def test_the_verdict_line_wraps_as_one_block_when_piped(hang_dir: Path) -> None:
+    """Piped, the console is 80 columns wide: the verdict line wraps at whole
+    words with its continuation indented under the summary, so it reads as one
+    block, and joined back it is the summary exactly."""
     doc = json.loads(run_cli(str(hang_dir), "--json").stdout)
     p = run_cli(str(hang_dir))
     assert p.returncode == 0, p.stderr
-    headline = f"[{doc['verdict']}] {doc['summary']}"
-    assert len(headline) > 80, headline  # long enough to have wrapped
-    assert p.stdout.splitlines()[0] == headline
+    tag = f"[{doc['verdict']}] "
+    assert len(tag + doc["summary"]) > 80, doc["summary"]  # long enough to wrap
+    lines = p.stdout.splitlines()
+    n = next(i for i, ln in enumerate(lines[1:], 1) if not ln.startswith(" " * len(tag)))
+    block = lines[:n]
+    assert len(block) >= 2 and all(len(ln) <= 80 for ln in block), block
+    assert block[0].startswith(tag)
+    joined = " ".join([block[0][len(tag) :], *(ln.strip() for ln in block[1:])])
+    assert joined == doc["summary"]
 
 
 def test_missing_dir_exits_2_with_one_line(tmp_path: Path) -> None:
