@@ -202,6 +202,8 @@ class ReadingOrder:
     helpers: str = ""
     helper_count: int = 0
     user_line: int | None = None
+    # That frame as `func (file:line)`: what a page shows before the stack.
+    user_frame: str | None = None
 
 
 def reading_order(text: str) -> ReadingOrder:
@@ -225,6 +227,7 @@ def reading_order(text: str) -> ReadingOrder:
     helpers = [i for i, t in enumerate(threads) if t is not chosen and t.is_helper]
     shown = preamble + [line for i in first + rest for line in blocks[i]]
     user_line = None
+    user = None
     if chosen is not None and first:
         user = next((f for f in chosen.frames if is_user_frame(f)), None)
         if user is not None:
@@ -239,4 +242,5 @@ def reading_order(text: str) -> ReadingOrder:
         helpers="\n".join(line for i in helpers for line in blocks[i]),
         helper_count=len(helpers),
         user_line=user_line,
+        user_frame=user.text() if user is not None else None,
     )

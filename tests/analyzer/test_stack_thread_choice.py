@@ -145,5 +145,6 @@ def test_the_page_shows_the_thread_that_matters_first_and_loses_nothing() -> Non
     assert sorted(filter(None, both)) == sorted(filter(None, WORKER_SERVER_HANDLER.splitlines()))
     assert order.user_line is not None
     assert "_stall_outside_collectives" in order.shown.splitlines()[order.user_line]
+    assert order.user_frame == "_stall_outside_collectives (job.py:246)"
     # Text with no thread in it comes back as it was.
     assert reading_order("<no Python frame>\n").shown == "<no Python frame>\n"

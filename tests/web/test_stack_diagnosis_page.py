@@ -62,6 +62,9 @@ def test_the_page_of_a_p2p_deadlock_found_in_the_stacks(tmp_path: Path) -> None:
             # Rank 0's stacks box, as read (issue 24): it opens with the thread
             # blocked in torch.distributed, the innermost frame of the job's own
             # code is marked, and hangwatch's helper thread is folded, counted.
+            # First, the rank's frame in the job's own code, named on one line.
+            where = page.locator("#rank-0 .user-frame-line")  # type: ignore[attr-defined]
+            assert where.inner_text() == "In the job's own code: _inject (job.py:268)"
             box = page.locator("#rank-0 pre.stacks").first  # type: ignore[attr-defined]
             shown = box.inner_text().splitlines()
             assert shown[0].startswith("Thread ") and "in recv" in shown[1], shown[:3]
