@@ -61,6 +61,9 @@ P_FLAG: Final = 0.03  # the score (behind less ahead) must exceed the peers' med
 Z_FLAG: Final = 4.0  # ... and by this many standard errors of the peers' noise
 NOISE_FLOOR: Final = 0.01  # least per-tick variance assumed (a job with no noise at all)
 MIN_TICKS: Final = 20
+# The strip's top bucket (25%+ of the window): a rank this late and not named
+# is said to have been late in one long run (RankLateness.long_run).
+LONG_RUN_SCORE: Final = 0.25
 MIN_EPISODES: Final = 5
 CLEAR_TICKS: Final = 150
 P_CLEAR: Final = 0.01
@@ -97,6 +100,12 @@ class RankLateness:
     started_score: float | None
     straggler: bool
 
+    @property
+    def long_run(self) -> bool:
+        """Red on the strip (25%+) without being a straggler: its lateness came in
+        one long run (a pause, or the start of a hang), not in repeated episodes."""
+        return self.score >= LONG_RUN_SCORE and not self.straggler
+
 
 @dataclass(frozen=True)
 class Straggler:
@@ -127,7 +136,7 @@ class JobStragglers:
         long run of lateness (a pause, or the start of a hang) without being a
         straggler (MIN_EPISODES separate runs); the strip then shows it red, and
         a bare "No stragglers." beside it would read as a contradiction."""
-        late = [r.rank for r in self.ranks if r.score >= 0.25 and not r.straggler]
+        late = [r.rank for r in self.ranks if r.long_run]
         if not late:
             return "No stragglers."
         return (

@@ -89,9 +89,10 @@ def job_stragglers_or_404(ctx: ServerContext, job: str) -> schemas.JobStragglers
         return schemas.JobStragglersOut(
             job=job, window_s=window, tick_s=0.0, ranks=[], stragglers=[]
         )
-    return schemas.JobStragglersOut.model_validate(
-        {**dataclasses.asdict(view), "none_named": view.none_named}
-    )
+    doc = dataclasses.asdict(view)
+    for out, r in zip(doc["ranks"], view.ranks, strict=True):
+        out["long_run"] = r.long_run
+    return schemas.JobStragglersOut.model_validate({**doc, "none_named": view.none_named})
 
 
 def incident_or_404(ctx: ServerContext, incident_id: str) -> IncidentRow:

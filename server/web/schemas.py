@@ -227,6 +227,11 @@ class RankLatenessOut(BaseModel):
         description="The same share for starting collectives, where the backend records starts.",
     )
     straggler: bool
+    long_run: bool = Field(
+        False,
+        description="Late 25%+ of the window but not a straggler: in one long run (a pause, "
+        "or the start of a hang), not in repeated episodes.",
+    )
 
 
 class StragglerOut(BaseModel):

@@ -159,3 +159,4 @@ def test_a_rank_late_in_one_long_run_is_explained_not_contradicted() -> None:
         job="j", window_s=60, tick_s=1, ranks=[rank(0, 0.0), rank(1, 0.4)], stragglers=[]
     )
     assert hung.none_named.startswith("No stragglers: ranks 1 kept their group waiting 25%+")
+    assert [r.long_run for r in hung.ranks] == [False, True]

@@ -30,6 +30,7 @@ def test_api_names_the_straggler_and_scores_every_rank(served: Served) -> None:
     assert [r["rank"] for r in body["ranks"]] == list(range(16))
     row = body["ranks"][SLOW]
     assert row["straggler"] is True and row["score"] > 0.2 and row["late_ms"] > 5
+    assert not any(r["long_run"] for r in body["ranks"])  # named: a straggler, not one long run
     assert row["host"] == "host-sim-0" and row["group"] == "0" and row["ticks"] > 50
     [s] = body["stragglers"]
     assert (s["rank"], s["kind"], s["host"]) == (SLOW, "host", "host-sim-0")

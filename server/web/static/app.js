@@ -238,7 +238,7 @@
         c.setAttribute("title", "rank " + r.rank + " | " + r.host + " | behind " + pct(r.score) + " of the time | " +
           r.late_ms.toFixed(1) + " ms late | group " + r.group +
           // As job_stragglers.html: the strip says which a red rank is.
-          (r.straggler ? " | a straggler" : r.score >= 0.25 ? " | one long run, not a straggler (a pause or a hang)" : ""));
+          (r.straggler ? " | a straggler" : r.long_run ? " | one long run, not a straggler (a pause or a hang)" : ""));
         return c;
       }));
       fillBody(table, s.stragglers.map((x) => [
