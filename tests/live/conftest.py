@@ -106,14 +106,6 @@ def stop_job(p: subprocess.Popen[bytes], grace: float = 15.0) -> int:
     return p.returncode
 
 
-def rss_bytes(pid: int) -> int:
-    """A process's resident set size, from /proc/PID/status."""
-    for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) << 10
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
 def has_compiler_stack(pid: int) -> bool:
     """Whether torch's compiler stack is loaded in the process: torch._dynamo
     imports cProfile, whose C extension (_lsprof) then shows in its maps.

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ from typing import Any
 import pytest
 
 from hangwatch.config import env_var
-from tests.hardening.util import wait_for
-from tests.live.conftest import has_compiler_stack, rss_bytes, stop_job
-from tests.support.chaos import AgentProc, CoordinatorProc
+from tests.hardening.util import ranks_view, wait_for
+from tests.live.conftest import has_compiler_stack, stop_job
+from tests.support.chaos import AgentProc, CoordinatorProc, rss_bytes
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -95,11 +94,7 @@ def _analysed(coord: CoordinatorProc, job_id: str) -> dict[str, Any] | None:
 
 
 def _pids(coord: CoordinatorProc, job_id: str) -> list[int] | None:
-    try:
-        ranks = coord.api(f"/api/jobs/{job_id}/ranks")["ranks"]
-    except urllib.error.HTTPError:
-        return None
-    pids = [int(r["pid"]) for r in ranks]
+    pids = [int(r["pid"]) for r in ranks_view(coord, job_id).values()]
     return pids if len(pids) == WORLD else None
 
 
