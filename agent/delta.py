@@ -25,6 +25,7 @@ def signature(rp: pb.RankProgress) -> tuple[Any, ...]:
     """What the coordinator acts on; ages are left out (it extrapolates them)."""
     return (
         rp.state,
+        rp.finished,
         tuple(
             (
                 g.group,

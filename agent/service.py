@@ -34,7 +34,12 @@ from hangwatch.agent.delta import DeltaReporter
 from hangwatch.agent.lateness import ClockSync, next_tick_delay
 from hangwatch.agent.outbox import BoundedQueue
 from hangwatch.agent.procstate import process_state
-from hangwatch.agent.ranks import RankTracker, poll_rank, read_hook_events, scan_rankinfo
+from hangwatch.agent.ranks import (
+    RankTracker,
+    poll_rank,
+    read_hook_events,
+    scan_rankinfo,
+)
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import ABORT, Config
@@ -186,7 +191,12 @@ class Agent:
                         self._ignored.add((pid, mtime))
                         log.info("ignoring %s: pid %d is not running", path, pid)
                         continue
-                    t = RankTracker(info=info, rankinfo_path=path, rankinfo_mtime=mtime)
+                    t = RankTracker(
+                        info=info,
+                        rankinfo_path=path,
+                        rankinfo_mtime=mtime,
+                        final_status_path=hook_protocol.final_status_path(self.run_dir, pid),
+                    )
                     self.exited.pop(t.rank, None)
                     # A restarted rank replaces the exited process that held its rank.
                     for old_pid, old in list(self.trackers.items()):

@@ -40,6 +40,13 @@ def events_path(run_dir: str, pid: int) -> str:
     return os.path.join(hook_dir(run_dir), f"{pid}.events.jsonl")
 
 
+def final_status_path(run_dir: str, pid: int) -> str:
+    """The FRSTATUS document a rank's hook writes as its process exits through
+    Python: its recorders' last numbers, which the agent's polls may have missed
+    (not `.json`: the agent reads every `*.json` here as a rank-info file)."""
+    return os.path.join(hook_dir(run_dir), f"{pid}.final.frstatus")
+
+
 def socket_path(run_dir: str, pid: int) -> str:
     """`<run_dir>/hook/<pid>.sock`, or a short path under the temp dir when that is too long.
 

@@ -78,6 +78,8 @@ from hangwatch.formats.serverinfo import SERVER_INFO, ServerInfo
 # {"schema", "recorders": [{"instance", "dump": <torch's status-only JSON dump,
 #   with "pg_status": {pg_id: {...}}>} | {"instance", "error"}]}
 FRSTATUS = "hangwatch.frstatus/1"
+# A status-only dump is ~150 bytes a group; 16 MiB holds 100,000 groups.
+MAX_FRSTATUS_BYTES = 16 * 1024**2
 
 __all__ = [
     "BUNDLES_DIR",
@@ -92,6 +94,7 @@ __all__ = [
     "INCIDENT",
     "INCIDENT_FILE",
     "MAX_EVENT_BYTES",
+    "MAX_FRSTATUS_BYTES",
     "MAX_INCIDENT_BYTES",
     "MAX_RANKINFO_BYTES",
     "MAX_RANKMETA_BYTES",

@@ -34,6 +34,8 @@ class MemberProgress:
     in_flight_op: str = ""
     observed: bool = True  # False: its agent is lost, the numbers are stale
     process_state: str = "running"
+    # Reached Python's exit (RankProgress.finished): gone or going, but not lost.
+    finished: bool = False
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -79,7 +81,11 @@ def find_group_stall(
         if p.last_enqueued >= seq > p.last_completed and p.process_state not in EXITED_STATES
     )
     not_entered = sorted(p.rank for p in observed.values() if p.last_enqueued < seq)
-    dead = sorted(p.rank for p in observed.values() if p.process_state in DEAD_STATES)
+    # A rank that finished returned from every collective it entered: peers
+    # still inside one it entered are not waiting on a lost rank.
+    dead = sorted(
+        p.rank for p in observed.values() if p.process_state in DEAD_STATES and not p.finished
+    )
     op = next(
         (p.in_flight_op for p in in_flight if p.last_completed + 1 == seq and p.in_flight_op), ""
     )

@@ -96,6 +96,9 @@ class RankRecord:
     torch_version: str
     fr_source: str
     process_state: str = "unknown"
+    # Reached Python's exit, its final numbers read (RankProgress.finished):
+    # in no collective, and a collective it entered is one it returned from.
+    finished: bool = False
     fr_age_s: float | None = None
     last_report: float | None = None
     groups: dict[str, RankGroupRecord] = field(default_factory=dict)

@@ -258,6 +258,7 @@ class JobRegistry:
                     raise StaleSession(f"rank {rp.rank} was not registered by {req.agent_id}")
                 r = job.ranks[rp.rank]
                 r.process_state = process_state_name(rp.state)
+                r.finished = rp.finished
                 r.fr_age_s = rp.fr_age_s
                 r.last_report = now
                 r.cpu.note(now, rp.cpu_time_ns, self.stall_timeout)

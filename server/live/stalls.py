@@ -62,6 +62,10 @@ def scan_stalls(
                 # The op the agent named is for the newest collective entered;
                 # it is only the stalled one's op when that is the next one.
                 op = op if rg.in_flight_seq == assumed + 1 else ""
+            if r.finished:
+                # It returned from all it entered (gloo's pg_status can leave
+                # the last one uncounted; NCCL's exit need not wait for it).
+                comp, op = max(comp, enq), ""
             progress[r.rank] = MemberProgress(
                 rank=r.rank,
                 last_enqueued=enq,
@@ -69,6 +73,7 @@ def scan_stalls(
                 in_flight_op=op,
                 observed=job.observed(r),
                 process_state=r.process_state,
+                finished=r.finished,
             )
         st = find_group_stall(
             group=g.name,
@@ -105,7 +110,14 @@ def assumed_completed(
     if not enq:
         return None
     lo, hi = min(enq), max(enq)
-    return lo if hi > lo else lo - 1
+    assumed = lo if hi > lo else lo - 1
+    # A member that finished (reached Python's exit, its final numbers
+    # read) returned from every collective it entered, so each of them
+    # finished: the job's last collective is not one its ranks hang in. A
+    # member behind it is then "not entered" in what follows, and one that
+    # exited before entering what its peers wait in still is.
+    left = [rg.last_enqueued for r, rg in members if r.finished and observed(r)]
+    return max(assumed, *left) if left else assumed
 
 
 def scan_quiet(
@@ -125,7 +137,7 @@ def scan_quiet(
         assumed = assumed_completed(members, job.observed)
         for r, rg in members:
             comp = assumed if rg.completion_unknown and assumed is not None else rg.last_completed
-            if rg.last_enqueued > comp:
+            if rg.last_enqueued > comp and not r.finished:
                 in_flight.add(r.rank)
     ranks = [
         QuietRank(

@@ -139,7 +139,12 @@ def _trackers(job: Job) -> dict[int, RankTracker]:
     out = {}
     for rank, info in job.rankinfo().items():
         path = hook_protocol.rankinfo_path(str(job.run_dir), info["pid"])
-        out[rank] = RankTracker(info=RankInfo.from_json(info), rankinfo_path=path, rankinfo_mtime=0)
+        out[rank] = RankTracker(
+            info=RankInfo.from_json(info),
+            rankinfo_path=path,
+            rankinfo_mtime=0,
+            final_status_path=hook_protocol.final_status_path(str(job.run_dir), info["pid"]),
+        )
     return out
 
 
@@ -285,6 +290,40 @@ def test_torchs_own_dump_to_file_is_picked_up_as_a_watchdog_dump(hooked_job: Job
 
     parsed = decode_dump(sniff_and_decode(dump))
     assert parsed.backend == "hwstore" and parsed.hooked and not parsed.completion_known
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(90)
+def test_a_rank_leaving_normally_leaves_its_final_numbers_and_is_finished(
+    hooked_job: Job,
+) -> None:
+    """Ends the shared job (keep it the last test of `hooked_job`): rank 1 leaves
+    through Python's exit; its hook writes what its recorders held, and the agent
+    reads that as the rank's last numbers and reports the rank finished. Rank 0,
+    still blocked in #6, is then killed: no exit handlers, so not finished."""
+    from hangwatch.wire import pb
+
+    trackers = _trackers(hooked_job)
+    (hooked_job.run_dir / "stop").touch()
+    assert hooked_job.procs[1].wait(30) == 0, hooked_job.output()
+    doc = json.loads(Path(trackers[1].final_status_path).read_bytes())
+    assert doc["schema"] == formats.FRSTATUS
+    assert {r["instance"] for r in doc["recorders"]} == {"hwstore"}
+    # This tracker never polled the rank while it lived, and its endpoint is
+    # gone: every number it reports comes from the file.
+    now = time.monotonic()
+    t1 = trackers[1]
+    assert poll_rank(t1, now, entries_after_s=0.0).events == [
+        (pb.EVENT_KIND_RANK_EXITED, 1, "process gone")
+    ]
+    p1 = t1.progress_pb(now)
+    assert p1.finished and {g.group: g.last_enqueued for g in p1.groups}["0"] == 5
+    hooked_job.procs[0].kill()
+    hooked_job.procs[0].wait(10)
+    t0 = trackers[0]
+    poll_rank(t0, now, entries_after_s=0.0)
+    assert t0.state == pb.PROCESS_STATE_GONE and not t0.progress_pb(now).finished
+    assert not Path(t0.final_status_path).exists()
 
 
 @pytest.mark.torch

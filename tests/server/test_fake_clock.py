@@ -99,8 +99,17 @@ class Node:
             ranks.append(rp)
         self.send(ranks)
 
-    def enter(self, enqueued: dict[int, int], *, group: str = "0") -> None:
-        """A recorder that does not record completion: only what each rank entered."""
+    def enter(
+        self,
+        enqueued: dict[int, int],
+        *,
+        group: str = "0",
+        gone: frozenset[int] = frozenset(),
+        finished: frozenset[int] = frozenset(),
+    ) -> None:
+        """A recorder that does not record completion: only what each rank entered.
+        Ranks in `gone` have exited; those also in `finished` left through
+        Python's exit with these as their final numbers."""
         ranks = []
         for r, enq in enqueued.items():
             gp = pb.GroupProgress(
@@ -108,7 +117,8 @@ class Node:
             )
             # Such agents name the op of the newest collective entered.
             gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=enq, op="all_reduce"))
-            ranks.append(pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp]))
+            state = pb.PROCESS_STATE_GONE if r in gone else pb.PROCESS_STATE_RUNNING
+            ranks.append(pb.RankProgress(rank=r, state=state, groups=[gp], finished=r in finished))
         self.send(ranks)
 
     def send(self, ranks: list[pb.RankProgress]) -> None:
@@ -320,6 +330,45 @@ def test_completion_unknown_members_all_equal_never_stall(env: Env) -> None:
     snap = env.registry.snapshot(JOB)
     assert snap is not None and snap.stalled == []
     assert snap.groups[0].no_progress_for_s == pytest.approx(5 * STALL)
+
+
+@pytest.mark.timeout(10)
+def test_completion_unknown_job_end_with_one_rank_gone_is_rank_lost_unless_it_finished(
+    env: Env,
+) -> None:
+    """A job ending normally on a backend that records no completion: every rank
+    entered the last collective, and one exits while the others are still in
+    their teardown. Gone with no word of how, it is a rank lost in the collective
+    its peers wait in; gone having finished (its hook's final numbers read at
+    exit), it returned from that collective, so nobody hangs in it (CI saw the
+    former raised at the end of a healthy hwstore job)."""
+    env.a.enter({0: 7, 1: 7})
+    env.b.enter({2: 7, 3: 7}, gone=frozenset({3}))
+    env.clock.advance(STALL)
+    [st] = _over(env.registry)
+    assert (st.kind, st.seq, st.dead_ranks, st.waiting_ranks) == ("rank-lost", 7, [3], [0, 1, 2])
+    env.b.enter({2: 7, 3: 7}, gone=frozenset({3}), finished=frozenset({3}))
+    for _ in range(3):
+        env.clock.advance(STALL)
+        assert env.registry.stalls(JOB) == [] and _over(env.registry) == []
+
+
+@pytest.mark.timeout(10)
+def test_a_rank_that_finished_before_entering_what_its_peers_wait_in_is_not_entered(
+    env: Env,
+) -> None:
+    """Finishing is no excuse for leaving early: a rank that exited normally after
+    collective #6 while its peers wait in #7 is the one they wait for."""
+    env.a.enter({0: 7, 1: 7})
+    env.b.enter({2: 7, 3: 6}, gone=frozenset({3}), finished=frozenset({3}))
+    env.clock.advance(STALL)
+    [st] = _over(env.registry)
+    assert (st.kind, st.seq, st.not_entered_ranks, st.waiting_ranks) == (
+        "stall",
+        7,
+        [3],
+        [0, 1, 2],
+    )
 
 
 # ---- the registry: lost agents, sessions ----------------------------------------
