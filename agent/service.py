@@ -22,6 +22,7 @@ import re
 import socket
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,10 @@ class Agent:
         self.pending: dict[str, PendingDump] = {}
         self._pending_lock = threading.Lock()
         self._collected: set[str] = set()
+        # Uploaded and completed, newest last, as many as the node keeps bundles
+        # of: a restarted coordinator that lost what it was sent asks again,
+        # and gets the same evidence again from the kept copy.
+        self._uploaded: OrderedDict[str, PendingDump] = OrderedDict()
         self._ended: set[str] = set()
         self._action_results: BoundedQueue[pb.DumpResult] = BoundedQueue(64)
         self._progress: list[pb.RankProgress] = []
@@ -419,12 +424,27 @@ class Agent:
             self.end_ranks(cmd)
             return None
         if iid in self._collected:
-            log.info("incident %s already collected; finishing its upload", iid)
             with self._pending_lock:
                 p = self.pending.get(iid)
+                if p is None and (p := self._uploaded.get(iid)) is not None:
+                    kept = (os.path.join(b.directory, n) for b in p.bundles for n in b.files)
+                    if all(os.path.isfile(f) for f in kept):
+                        # Sent once; the coordinator asks again (a restart that
+                        # lost files): every file again, from the kept copy.
+                        # Files it already holds are acknowledged, not rewritten.
+                        p.uploaded.clear()
+                        p.upload_errors.clear()
+                        self.pending[iid] = p
+                        log.info("incident %s asked again; re-sending the kept bundle", iid)
+                    else:
+                        p = None
             if p is not None:
+                log.info("incident %s already collected; finishing its upload", iid)
                 self._try_finish(p)
-            return p
+                return p
+            # The kept copy was pruned: collect again; what is there now is
+            # still more than nothing.
+            log.info("incident %s asked again, its kept bundle pruned: collecting anew", iid)
         log.info("dump for incident %s (%s)", iid, cmd.reason)
         t0 = time.monotonic()
         p = self.collect(iid, tail_context=cmd.tail_context)
@@ -607,5 +627,9 @@ class Agent:
             )
             with self._pending_lock:
                 self.pending.pop(p.incident_id, None)
+                self._uploaded[p.incident_id] = p
+                self._uploaded.move_to_end(p.incident_id)
+                while len(self._uploaded) > max(1, self.cfg.agent.keep_bundles):
+                    self._uploaded.popitem(last=False)
         finally:
             p.lock.release()

@@ -225,8 +225,18 @@ def test_agent_end_to_end_with_the_real_coordinator(hang_job: Job, tmp_path: Pat
         assert incident_dir is not None, list((tmp_path / "data").rglob("*"))
         snap = coord.registry.snapshot("live")
         assert snap is not None and sorted(r.rank for r in snap.ranks) == [0, 1]
+        local = hang_job.run_dir / "bundles" / incident_dir.name
+        # Issue 27: a coordinator that lost a file it was sent (killed before it
+        # reached the disk) asks again; the agent sends its kept copy, not a new
+        # collection (the local file is the same inode, written once).
+        lost = incident_dir / "rank_1" / "fr_trace_rank_1"
+        lost.unlink()
+        kept = (local / "rank_1" / "fr_trace_rank_1").stat()
+        agent.handle_command(pb.Command(kind=pb.COMMAND_KIND_DUMP, incident_id=incident_dir.name))
+        assert lost.is_file()
+        again = (local / "rank_1" / "fr_trace_rank_1").stat()
+        assert (again.st_ino, again.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
     # The coordinator's copy is byte-identical to the agent's local copy.
-    local = hang_job.run_dir / "bundles" / incident_dir.name
     for rank in (0, 1):
         for name in (f"fr_trace_rank_{rank}", "meta.json", "stacks.txt"):
             mine = (local / f"rank_{rank}" / name).read_bytes()
