@@ -105,3 +105,59 @@ def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
         job.close()
         agent.stop()
         coord.stop()
+
+
+@pytest.mark.timeout(150)
+def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(tmp_path: Path) -> None:
+    """Issue 27: the coordinator is SIGKILLed the moment it stores a new incident
+    (incident.json is written at open, before any dump is asked for or arrives),
+    then restarted on the same data dir. The one incident is collected again
+    from the node, names the rank, and ends when the job does: no second
+    incident, nothing left open."""
+    coord = CoordinatorProc(
+        tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=3
+    )
+    coord.start()
+    run = tmp_path / "run"
+    agent = AgentProc(
+        coordinator=coord.grpc, run_dir=run, job_id=JOB, node_id="node-a",
+        log_path=tmp_path / "agent.log",
+    )  # fmt: skip
+    agent.start()
+    job = TrainJob(tmp_path, world=WORLD, run_dirs=[run] * WORLD, job_id=JOB, culprit=CULPRIT)
+    try:
+        job.start()
+        wait_for(lambda: all_connected(coord, JOB, list(range(WORLD))), 30, "ranks registered")
+        job.hang()
+        opened = wait_for(
+            lambda: next((tmp_path / "data").rglob("incident.json"), None),
+            30,
+            "the incident to be stored",
+            every=0.005,
+        )
+        coord.kill()
+        at_kill = json.loads(opened.read_text())
+        # Where the kill landed, for the log: collection takes most of a second
+        # (py-spy stacks), so nearly always before any rank's dump was stored.
+        print(f"ranks dumped when killed: {at_kill.get('ranks_dumped')}")
+        coord.start()
+        [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
+        assert inc["id"] == opened.parent.name, inc
+        assert inc["verdict"] == "hang" and inc["lagging_ranks"] == [CULPRIT], inc["summary"]
+        assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
+        for rank in range(WORLD):
+            assert any((opened.parent / f"rank_{rank}").glob("fr_*")), rank
+        job.close()
+        ended = wait_for(
+            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["open"] is False and d,
+            30,
+            "the incident to end with the job",
+        )
+        assert ended["status"] in ("ended", "resolved"), ended
+        rows = coord.api(f"/api/incidents?job={JOB}")
+        assert [r["id"] for r in rows] == [inc["id"]], rows
+        agent.check()
+    finally:
+        job.close()
+        agent.stop()
+        coord.stop()
