@@ -108,12 +108,17 @@ def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed", ["coordinator", "both"])
+def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
+    tmp_path: Path, killed: str
+) -> None:
     """Issue 27: the coordinator is SIGKILLed the moment it stores a new incident
     (incident.json is written at open, before any dump is asked for or arrives),
-    then restarted on the same data dir. The one incident is collected again
-    from the node, names the rank, and ends when the job does: no second
-    incident, nothing left open."""
+    then restarted on the same data dir; with `both`, the node's agent is
+    SIGKILLed with it and restarted too, so the bundle it was collecting or
+    uploading is lost with it. The one incident is collected again from the
+    node, names the rank, and ends when the job does: no second incident,
+    nothing left open."""
     coord = CoordinatorProc(
         tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=3
     )
@@ -136,11 +141,15 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(tmp_path:
             every=0.005,
         )
         coord.kill()
+        if killed == "both":
+            agent.kill()
         at_kill = json.loads(opened.read_text())
         # Where the kill landed, for the log: collection takes most of a second
         # (py-spy stacks), so nearly always before any rank's dump was stored.
         print(f"ranks dumped when killed: {at_kill.get('ranks_dumped')}")
         coord.start()
+        if killed == "both":
+            agent.start()
         [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
         assert inc["id"] == opened.parent.name, inc
         assert inc["verdict"] == "hang" and inc["lagging_ranks"] == [CULPRIT], inc["summary"]
