@@ -10,8 +10,10 @@ Promises checked, with real processes throughout:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,8 +33,9 @@ UP_S = 1.5
 STALL_S = 2.0
 
 
-@pytest.mark.timeout(150)
-def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _watched_job(tmp_path: Path) -> Iterator[tuple[CoordinatorProc, AgentProc, TrainJob]]:
+    """A coordinator, a node agent and a WORLD-rank job whose ranks are all registered."""
     coord = CoordinatorProc(
         tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=3
     )
@@ -47,6 +50,16 @@ def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
     try:
         job.start()
         wait_for(lambda: all_connected(coord, JOB, list(range(WORLD))), 30, "ranks registered")
+        yield coord, agent, job
+    finally:
+        job.close()
+        agent.stop()
+        coord.stop()
+
+
+@pytest.mark.timeout(150)
+def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
+    with _watched_job(tmp_path) as (coord, agent, job):
         t_begin = time.monotonic()
         time.sleep(UP_S)
 
@@ -101,10 +114,6 @@ def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
         # held on a fake clock over real gRPC (tests/server/test_grpc.py::
         # test_a_restarted_coordinator_opens_no_second_incident_for_the_same_hang).
         assert [r["id"] for r in rows] == [inc["id"]], rows
-    finally:
-        job.close()
-        agent.stop()
-        coord.stop()
 
 
 @pytest.mark.timeout(150)
@@ -119,20 +128,7 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
     uploading is lost with it. The one incident is collected again from the
     node, names the rank, and ends when the job does: no second incident,
     nothing left open."""
-    coord = CoordinatorProc(
-        tmp_path / "data", stall_timeout=STALL_S, dump_deadline=10, agent_lost_timeout=3
-    )
-    coord.start()
-    run = tmp_path / "run"
-    agent = AgentProc(
-        coordinator=coord.grpc, run_dir=run, job_id=JOB, node_id="node-a",
-        log_path=tmp_path / "agent.log",
-    )  # fmt: skip
-    agent.start()
-    job = TrainJob(tmp_path, world=WORLD, run_dirs=[run] * WORLD, job_id=JOB, culprit=CULPRIT)
-    try:
-        job.start()
-        wait_for(lambda: all_connected(coord, JOB, list(range(WORLD))), 30, "ranks registered")
+    with _watched_job(tmp_path) as (coord, agent, job):
         job.hang()
         opened = wait_for(
             lambda: next((tmp_path / "data").rglob("incident.json"), None),
@@ -166,7 +162,3 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
         rows = coord.api(f"/api/incidents?job={JOB}")
         assert [r["id"] for r in rows] == [inc["id"]], rows
         agent.check()
-    finally:
-        job.close()
-        agent.stop()
-        coord.stop()
