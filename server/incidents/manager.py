@@ -40,7 +40,7 @@ from hangwatch.server.incidents.finalize import (
     record_failure,
 )
 from hangwatch.server.incidents.lifecycle import Watch, late_hint, publish_states, step
-from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
+from hangwatch.server.incidents.store import IncidentRow, IncidentStatus, IncidentStore
 from hangwatch.server.incidents.triggers import (
     Trigger,
     event_trigger,
@@ -448,7 +448,13 @@ class IncidentManager:
             inc = Collection.recovered(row, self.store.incident_dir(row.id), now, wait_s)
             with self._lock:
                 self._collecting[row.id] = inc
-                self._watch[row.id] = Watch.recovered(row, now)
+                # Not "ended" before its agents had the time to come back: an
+                # agent's deferred upload can finish the collection before the
+                # agent re-registers the job (measured live: analysed 0.8 s after
+                # the restart, and ended at once as a job nobody tracked).
+                self._watch[row.id] = Watch.recovered(
+                    row, now, onset=_onset_of(row, now), end_not_before=now + wait_s
+                )
             log.warning(
                 "incident %s was collecting when the coordinator stopped; asking its agents "
                 "again as they re-register (%d of %d ranks on disk)",
@@ -459,17 +465,12 @@ class IncidentManager:
         # Analysed and still open (the hang outlived the coordinator that named
         # it): watched from now on, so it resolves when the job really moves, or
         # ends with it. A re-registration is a baseline, not progress (issue 27).
-        # The onset is its creation, mapped onto this run's clock: the stall
-        # began at least that long ago.
         for row in self.store.list_incidents(status=IncidentStatus.ANALYZED, limit=10_000):
             if not row.is_open:
                 continue
             with self._lock:
                 self._watch[row.id] = Watch.recovered(
-                    row,
-                    now,
-                    onset=now - max(0.0, time.time() - row.created),
-                    end_not_before=now + wait_s,
+                    row, now, onset=_onset_of(row, now), end_not_before=now + wait_s
                 )
             log.info("incident %s is open from before the restart; watching it", row.id)
 
@@ -492,3 +493,9 @@ class IncidentManager:
                 inc.asked.update(fresh)
             for agent_id in fresh:
                 self.registry.push_command(inc.job_id, agent_id, cmd)
+
+
+def _onset_of(row: IncidentRow, now: float) -> float:
+    """A recovered incident's onset on this run's clock (`now`): its creation,
+    mapped across the restart; the stall began at least that long ago."""
+    return now - max(0.0, time.time() - row.created)

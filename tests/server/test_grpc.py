@@ -572,6 +572,45 @@ def test_a_recovered_incident_nobody_comes_back_for_is_settled_as_restarted(
 
 
 @pytest.mark.timeout(60)
+def test_a_recovered_incident_finished_by_a_deferred_upload_waits_for_its_job(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """Live (tests/hardening/test_coordinator_kill.py), an agent's deferred upload
+    finished a recovered collection before the agent re-registered the job, and
+    the incident ended at once, as for a job nobody tracks. It waits for the
+    job's agents (a lost-agent timeout plus a dump deadline, on the fake clock),
+    and their return with the numbers they had is no progress either."""
+    a, b, iid = _killed_mid_collection(start_coordinator)
+    clock = FakeClock()
+    c2 = start_coordinator(dump_deadline=2.0, agent_lost_timeout=3.0, clock=clock)
+    with grpc.insecure_channel(c2.grpc_address) as ch:
+        a.stub = b.stub = rpc.CoordinatorStub(ch)
+        _bundle_rank(b, iid, 2, 4, 4, 4)
+        _bundle_rank(b, iid, 3, 5, 4, 4)
+        assert b.complete(iid, [2, 3])
+        c2.incidents.tick()  # every rank is in: finalized on this tick
+        wait_status(c2, iid, "analyzed")
+        for _ in range(4):  # 4 s of the 5 s wait
+            clock.advance(1.0)
+            c2.incidents.tick()
+        row = c2.store.get_incident(iid)
+        assert row is not None and row.status == "analyzed" and row.is_open
+        for ag in (a, b):
+            ag.register()
+            ag.watch()
+        for _ in range(20):  # still hung: the same numbers, one report a second
+            a.progress({0: (5, 4), 1: (5, 4)})
+            b.progress({2: (4, 4), 3: (5, 4)})
+            clock.advance(1.0)
+            c2.incidents.tick()
+        row = c2.store.get_incident(iid)
+        assert row is not None and row.status == "analyzed" and row.is_open
+        a.close()
+        b.close()
+    assert [r.id for r in c2.store.list_incidents(job_id=JOB)] == [iid]
+
+
+@pytest.mark.timeout(60)
 def test_one_incident_per_hang_until_the_job_progresses(
     start_coordinator: Callable[..., Coordinator],
 ) -> None:
