@@ -44,6 +44,7 @@ from hangwatch.agent.ranks import (
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import ABORT, Config
+from hangwatch.formats import AgentInfo
 from hangwatch.wire import event_kind_name, pb
 
 log = logging.getLogger("hangwatch.agent")
@@ -117,6 +118,7 @@ class Agent:
 
     def start(self) -> None:
         os.makedirs(hook_protocol.hook_dir(self.run_dir), exist_ok=True)
+        self._announce()
         for name, target in (
             ("sender", self._sender_loop),
             ("commands", self._command_loop),
@@ -154,6 +156,29 @@ class Agent:
             th.join(timeout=5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+        self._withdraw()
+
+    def _announce(self) -> None:
+        """`<run_dir>/agent.json`: the job this agent reports, for `hangwatch run`
+        to take its job id from (formats.AgentInfo)."""
+        try:
+            AgentInfo(
+                job_id=self.cfg.job.job_id,
+                node_id=self.client.agent_id,
+                coordinator=self.cfg.agent.coordinator,
+                pid=os.getpid(),
+                proc_starttime=hook_protocol.proc_starttime(os.getpid()) or 0,
+            ).write(self.run_dir)
+        except OSError as e:
+            log.warning("could not write %s in %s: %s", AgentInfo.FILE, self.run_dir, e)
+
+    def _withdraw(self) -> None:
+        """Remove agent.json if it is still this agent's (a newer one may own it)."""
+        try:
+            if AgentInfo.read(self.run_dir).pid == os.getpid():
+                os.unlink(os.path.join(self.run_dir, AgentInfo.FILE))
+        except (OSError, formats.FormatError):
+            pass
 
     # --- polling -------------------------------------------------------------
 

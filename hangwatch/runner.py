@@ -10,12 +10,13 @@ the exit status are the command's own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping
 
 from hangwatch import config as config_mod
-from hangwatch import env
+from hangwatch import env, formats, hook_protocol
 from hangwatch.lifecycle import subcommand_main
 
 
@@ -38,6 +39,43 @@ def child_environ(cfg: config_mod.Config, environ: Mapping[str, str]) -> dict[st
     out[config_mod.env_var("fr_buffer_size")] = str(cfg.hook.fr_buffer_size)
     out[config_mod.env_var("log_level")] = cfg.job.log_level
     return out
+
+
+def node_agent(run_dir: str) -> formats.AgentInfo | None:
+    """The agent running on this node for `run_dir`, if its agent.json is current."""
+    try:
+        info = formats.AgentInfo.read(run_dir)
+    except FileNotFoundError:
+        return None
+    except (OSError, formats.FormatError) as e:
+        sys.stderr.write(f"hangwatch run: ignoring {formats.AGENT_FILE} in {run_dir}: {e}\n")
+        return None
+    alive = hook_protocol.proc_starttime(info.pid)
+    if alive is None or (info.proc_starttime and alive != info.proc_starttime):
+        return None  # left behind by an agent that is gone
+    return info
+
+
+def agree_on_job_id(cfg: config_mod.Config, *, given: bool) -> config_mod.Config:
+    """The job id the ranks report: the one given, else the node's agent's.
+
+    The agent reports every rank it finds under its own job id; ranks started
+    under another id used to say so only in the agent's log. Said once, here."""
+    agent = node_agent(cfg.agent.run_dir)
+    if agent is None or agent.job_id == cfg.job.job_id:
+        return cfg
+    if not given:
+        sys.stderr.write(
+            f"hangwatch run: job id {agent.job_id!r}, from the agent on this node "
+            f"(pid {agent.pid}, reporting to {agent.coordinator})\n"
+        )
+        return dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, job_id=agent.job_id))
+    sys.stderr.write(
+        f"hangwatch run: this job's id is {cfg.job.job_id!r}, but the agent on this node "
+        f"(pid {agent.pid}) reports job {agent.job_id!r}: its ranks will be reported under "
+        f"{agent.job_id!r}; give both the same --job-id\n"
+    )
+    return cfg
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,6 +106,7 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     try:
         cfg = config_mod.for_command(config_mod.RUN, ns)
+        cfg = agree_on_job_id(cfg, given=config_mod.explicitly_set(ns, "job_id"))
     except ValueError as e:
         sys.stderr.write(f"hangwatch run: {e}\n")
         return 2

@@ -8,6 +8,7 @@ One typed dataclass per file, with `to_json`/`from_json` (and `to_bytes`/
     RankMeta     <bundle>/rank_<R>/meta.json        agent, coordinator -> analyzer, coordinator
     IncidentDoc  <bundle>/incident.json             coordinator -> analyzer, coordinator
     ServerInfo   <data_dir>/server.json             coordinator -> demo, tools
+    AgentInfo    <run_dir>/agent.json               agent -> hangwatch run
 
 plus the hook's status answer on the rank's socket (FRSTATUS, spliced as
 bytes by hangwatch.recorders). The layout of the directories is in
@@ -35,6 +36,7 @@ from hangwatch.formats.codes import (
     TriggerKind,
 )
 from hangwatch.formats.files import (
+    AGENT_FILE,
     BUNDLES_DIR,
     COMPACT_RANKS_ABOVE,
     FR_DIR,
@@ -70,7 +72,7 @@ from hangwatch.formats.rankinfo import (
     Recorder,
 )
 from hangwatch.formats.rankmeta import MAX_RANKMETA_BYTES, PEER_STACKS_KEY, RANKMETA, RankMeta
-from hangwatch.formats.serverinfo import SERVER_INFO, ServerInfo
+from hangwatch.formats.serverinfo import AGENT_INFO, SERVER_INFO, AgentInfo, ServerInfo
 
 # What the hook's status handler answers on the rank's socket: one
 # status-only dump per recorder instance, spliced as torch wrote it
@@ -82,6 +84,8 @@ FRSTATUS = "hangwatch.frstatus/1"
 MAX_FRSTATUS_BYTES = 16 * 1024**2
 
 __all__ = [
+    "AGENT_FILE",
+    "AGENT_INFO",
     "BUNDLES_DIR",
     "COMPACT_RANKS_ABOVE",
     "FRSTATUS",
@@ -106,6 +110,7 @@ __all__ = [
     "SERVER_FILE",
     "SERVER_INFO",
     "STACKS_FILE",
+    "AgentInfo",
     "Completion",
     "FormatError",
     "FrSource",

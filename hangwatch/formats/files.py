@@ -116,6 +116,7 @@ META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
 INCIDENT_FILE = "incident.json"
 SERVER_FILE = "server.json"
+AGENT_FILE = "agent.json"  # in the run directory (AgentInfo)
 
 
 # Above this many members a strided group's member list is written as a

@@ -1,7 +1,13 @@
-"""`<data_dir>/server.json`: where a running coordinator listens.
+"""Files in which a running hangwatch process says who it is.
 
-Written by the coordinator once both its ports are bound; read by the demo,
-the benchmarks and whoever wants to find a coordinator started with port 0.
+* `<data_dir>/server.json` (ServerInfo): where a running coordinator listens.
+  Written once both its ports are bound; read by the demo, the benchmarks and
+  whoever wants to find a coordinator started with port 0.
+* `<run_dir>/agent.json` (AgentInfo): the job a node's agent reports its
+  ranks under. Written as the agent starts; read by `hangwatch run`, which
+  takes its job id from there when given none (issue 24: ranks said job
+  `default` under an agent told `myjob`, and nothing warned).
+
 Readers: a file without a schema tag is read; unknown keys are ignored.
 """
 
@@ -13,9 +19,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from hangwatch.formats import checks as c
-from hangwatch.formats.files import SERVER_FILE, atomic_write
+from hangwatch.formats.files import AGENT_FILE, SERVER_FILE, atomic_write
 
 SERVER_INFO = "hangwatch.serverinfo/1"
+AGENT_INFO = "hangwatch.agentinfo/1"
 MAX_SERVER_INFO_BYTES = 64 * 1024
 
 
@@ -62,3 +69,39 @@ class ServerInfo:
             )
         except (OSError, c.FormatError):
             return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentInfo:
+    job_id: str  # what the agent reports its ranks under
+    node_id: str  # the agent's id at the coordinator
+    coordinator: str  # HOST:PORT it reports to
+    pid: int
+    proc_starttime: int  # /proc/<pid>/stat field 22: a reused pid is not this agent
+
+    FILE: ClassVar[str] = AGENT_FILE
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"schema": AGENT_INFO, **asdict(self)}, indent=2).encode()
+
+    @classmethod
+    def from_json(cls, d: Any) -> AgentInfo:
+        s = AGENT_INFO
+        d = c.document(d, s)
+        return cls(
+            job_id=c.req_str(d, "job_id", s),
+            node_id=c.get_str(d, "node_id", s),
+            coordinator=c.get_str(d, "coordinator", s),
+            pid=c.req_int(d, "pid", s, minimum=1),
+            proc_starttime=c.get_int(d, "proc_starttime", s, 0, minimum=0),
+        )
+
+    def write(self, run_dir: str | os.PathLike[str]) -> None:
+        atomic_write(os.path.join(run_dir, self.FILE), self.to_bytes())
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike[str]) -> AgentInfo:
+        """Raises OSError (absent, unreadable) or FormatError (damaged)."""
+        return cls.from_json(
+            c.read_file(os.path.join(run_dir, cls.FILE), AGENT_INFO, MAX_SERVER_INFO_BYTES)
+        )
