@@ -152,6 +152,12 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
         assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
         for rank in range(WORLD):
             assert any((opened.parent / f"rank_{rank}").glob("fr_*")), rank
+        # One hang, one incident, while the hang lasts. (Not after: the test
+        # job's ranks leave at whatever step each sees "stop", so its end can
+        # strand one rank in a collective its peer never enters, a real hang of
+        # its own, measured under load.)
+        rows = coord.api(f"/api/incidents?job={JOB}")
+        assert [r["id"] for r in rows] == [inc["id"]], rows
         job.close()
         ended = wait_for(
             lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["open"] is False and d,
@@ -159,6 +165,4 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
             "the incident to end with the job",
         )
         assert ended["status"] in ("ended", "resolved"), ended
-        rows = coord.api(f"/api/incidents?job={JOB}")
-        assert [r["id"] for r in rows] == [inc["id"]], rows
         agent.check()
