@@ -28,24 +28,7 @@ def _torch_missing() -> str | None:
     return None
 
 
-# Tests that run real jobs against real deadlines (stall timeouts of 1-5 s,
-# steps timed on the wall clock): under pytest-xdist they all go to one worker,
-# one at a time, as in a plain run; the others share the second core.
-_REALTIME_DIRS = ("live", "hardening", "scale", "deploy")
-REALTIME_GROUP = "realtime"
-
-
-def _realtime(item: pytest.Item) -> bool:
-    if "torch" in item.keywords or "browser" in item.keywords:
-        return True
-    parts = Path(str(item.path)).resolve().relative_to(_HERE).parts
-    return len(parts) > 1 and parts[0] in _REALTIME_DIRS
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if _realtime(item):
-            item.add_marker(pytest.mark.xdist_group(REALTIME_GROUP))
     reason = _torch_missing()
     if reason is None:
         return
