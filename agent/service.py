@@ -175,10 +175,12 @@ class Agent:
     def _withdraw(self) -> None:
         """Remove agent.json if it is still this agent's (a newer one may own it)."""
         try:
-            if AgentInfo.read(self.run_dir).pid == os.getpid():
+            if AgentInfo.load(self.run_dir).pid == os.getpid():
                 os.unlink(os.path.join(self.run_dir, AgentInfo.FILE))
-        except (OSError, formats.FormatError):
-            pass
+        except FileNotFoundError:
+            pass  # already gone: nothing to withdraw
+        except (OSError, formats.FormatError) as e:
+            log.warning("could not remove %s from %s: %s", AgentInfo.FILE, self.run_dir, e)
 
     # --- polling -------------------------------------------------------------
 
@@ -450,19 +452,7 @@ class Agent:
             return None
         if iid in self._collected:
             with self._pending_lock:
-                p = self.pending.get(iid)
-                if p is None and (p := self._uploaded.get(iid)) is not None:
-                    kept = (os.path.join(b.directory, n) for b in p.bundles for n in b.files)
-                    if all(os.path.isfile(f) for f in kept):
-                        # Sent once; the coordinator asks again (a restart that
-                        # lost files): every file again, from the kept copy.
-                        # Files it already holds are acknowledged, not rewritten.
-                        p.uploaded.clear()
-                        p.upload_errors.clear()
-                        self.pending[iid] = p
-                        log.info("incident %s asked again; re-sending the kept bundle", iid)
-                    else:
-                        p = None
+                p = self.pending.get(iid) or self._resend(iid)
             if p is not None:
                 log.info("incident %s already collected; finishing its upload", iid)
                 self._try_finish(p)
@@ -487,6 +477,22 @@ class Agent:
             time.monotonic() - t0,
         )
         self._try_finish(p)
+        return p
+
+    def _resend(self, iid: str) -> PendingDump | None:
+        """An uploaded incident asked for again (a restarted coordinator that lost
+        files), made pending again to send every file from the kept copy; files
+        the coordinator already holds are acknowledged, not rewritten. None when
+        the copy was pruned. Called with the pending lock held."""
+        p = self._uploaded.get(iid)
+        if p is None or not all(
+            os.path.isfile(os.path.join(b.directory, n)) for b in p.bundles for n in b.files
+        ):
+            return None
+        p.uploaded.clear()
+        p.upload_errors.clear()
+        self.pending[iid] = p
+        log.info("incident %s asked again; re-sending the kept bundle", iid)
         return p
 
     def end_ranks(self, cmd: pb.Command) -> None:

@@ -478,12 +478,11 @@ def _at_exit() -> None:
     if st is None or st.owner_pid != os.getpid() or not st.socket_path:
         return
     try:
-        doc = recorders_mod.status_doc(_current_recorders())
-        path = hook_protocol.final_status_path(st.run_dir, os.getpid())
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(doc)
-        os.replace(tmp, path)  # the agent never reads half of it
+        # Atomic: the agent never reads half of it.
+        formats.atomic_write(
+            hook_protocol.final_status_path(st.run_dir, os.getpid()),
+            recorders_mod.status_doc(_current_recorders()),
+        )
     except Exception:
         log.exception("hangwatch: could not write the final FR status")
     with contextlib.suppress(OSError):

@@ -44,7 +44,7 @@ def child_environ(cfg: config_mod.Config, environ: Mapping[str, str]) -> dict[st
 def node_agent(run_dir: str) -> formats.AgentInfo | None:
     """The agent running on this node for `run_dir`, if its agent.json is current."""
     try:
-        info = formats.AgentInfo.read(run_dir)
+        info = formats.AgentInfo.load(run_dir)
     except FileNotFoundError:
         return None
     except (OSError, formats.FormatError) as e:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from hangwatch.formats import checks as c
 from hangwatch.formats.files import AGENT_FILE, SERVER_FILE, atomic_write
@@ -26,8 +26,40 @@ AGENT_INFO = "hangwatch.agentinfo/1"
 MAX_SERVER_INFO_BYTES = 64 * 1024
 
 
+class _ProcessFile:
+    """What ServerInfo and AgentInfo share: a schema-tagged JSON file a running
+    process writes atomically into its directory, and readers load."""
+
+    FILE: ClassVar[str]
+    SCHEMA: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.SCHEMA, **asdict(self)}  # type: ignore[call-overload]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), indent=2).encode()
+
+    @classmethod
+    def from_json(cls, d: Any) -> Self:
+        raise NotImplementedError
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Self:
+        return cls.from_json(c.loads(data, cls.SCHEMA, MAX_SERVER_INFO_BYTES))
+
+    def write(self, directory: str | os.PathLike[str]) -> None:
+        atomic_write(os.path.join(directory, self.FILE), self.to_bytes())
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Self:
+        """Raises OSError (absent, unreadable) or FormatError (damaged)."""
+        return cls.from_json(
+            c.read_file(os.path.join(directory, cls.FILE), cls.SCHEMA, MAX_SERVER_INFO_BYTES)
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
-class ServerInfo:
+class ServerInfo(_ProcessFile):
     grpc: str  # HOST:PORT the agents dial
     http: str  # http://HOST:PORT of the dashboard and API
     pid: int
@@ -35,12 +67,6 @@ class ServerInfo:
 
     FILE: ClassVar[str] = SERVER_FILE
     SCHEMA: ClassVar[str] = SERVER_INFO
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SERVER_INFO, **asdict(self)}
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.to_json(), indent=2).encode()
 
     @classmethod
     def from_json(cls, d: Any) -> ServerInfo:
@@ -54,25 +80,16 @@ class ServerInfo:
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> ServerInfo:
-        return cls.from_json(c.loads(data, SERVER_INFO, MAX_SERVER_INFO_BYTES))
-
-    def write(self, data_dir: str | os.PathLike[str]) -> None:
-        atomic_write(os.path.join(data_dir, self.FILE), self.to_bytes())
-
-    @classmethod
     def read(cls, data_dir: str | os.PathLike[str]) -> ServerInfo | None:
         """The file's contents; None while it is absent or half-written."""
         try:
-            return cls.from_json(
-                c.read_file(os.path.join(data_dir, cls.FILE), SERVER_INFO, MAX_SERVER_INFO_BYTES)
-            )
+            return cls.load(data_dir)
         except (OSError, c.FormatError):
             return None
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentInfo:
+class AgentInfo(_ProcessFile):
     job_id: str  # what the agent reports its ranks under
     node_id: str  # the agent's id at the coordinator
     coordinator: str  # HOST:PORT it reports to
@@ -80,9 +97,7 @@ class AgentInfo:
     proc_starttime: int  # /proc/<pid>/stat field 22: a reused pid is not this agent
 
     FILE: ClassVar[str] = AGENT_FILE
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({"schema": AGENT_INFO, **asdict(self)}, indent=2).encode()
+    SCHEMA: ClassVar[str] = AGENT_INFO
 
     @classmethod
     def from_json(cls, d: Any) -> AgentInfo:
@@ -94,14 +109,4 @@ class AgentInfo:
             coordinator=c.get_str(d, "coordinator", s),
             pid=c.req_int(d, "pid", s, minimum=1),
             proc_starttime=c.get_int(d, "proc_starttime", s, 0, minimum=0),
-        )
-
-    def write(self, run_dir: str | os.PathLike[str]) -> None:
-        atomic_write(os.path.join(run_dir, self.FILE), self.to_bytes())
-
-    @classmethod
-    def read(cls, run_dir: str | os.PathLike[str]) -> AgentInfo:
-        """Raises OSError (absent, unreadable) or FormatError (damaged)."""
-        return cls.from_json(
-            c.read_file(os.path.join(run_dir, cls.FILE), AGENT_INFO, MAX_SERVER_INFO_BYTES)
         )

@@ -52,7 +52,7 @@ def agent(tmp_path: Path) -> Iterator[Agent]:
 
 @pytest.mark.timeout(60)
 def test_run_without_a_job_id_takes_the_agents(agent: Agent, tmp_path: Path) -> None:
-    info = formats.AgentInfo.read(tmp_path / "run")
+    info = formats.AgentInfo.load(tmp_path / "run")
     assert (info.job_id, info.node_id, info.pid) == ("myjob", "node-x", os.getpid())
     r = _run(tmp_path / "run")
     assert r.returncode == 0, r.stderr
