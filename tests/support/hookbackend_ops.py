@@ -8,6 +8,7 @@ line with what it saw; exits non-zero on any mismatch.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -89,7 +90,13 @@ def main() -> None:
     assert not bad, bad[:3]
     assert all(float(e.get("duration_ms") or -1) >= 0 for e in settled), settled[:3]
     names = sorted({e["profiling_name"] for e in entries})
-    print(json.dumps({"rank": r, "entries": len(entries), "names": names}), flush=True)
+    # One write(2) of the whole line: the three ranks share the test's stdout
+    # pipe, and print()'s text and newline went out apart often enough for two
+    # ranks' lines to run together (seen once in the torch 2.15 matrix). A pipe
+    # never splits a write of under PIPE_BUF (4,096) bytes; this line is ~300.
+    line = json.dumps({"rank": r, "entries": len(entries), "names": names}) + "\n"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line.encode())
     dist.destroy_process_group()
 
 
