@@ -133,6 +133,12 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     if first.unobserved_ranks:
         reason += f", ranks {format_ranks(first.unobserved_ranks)} unobserved"
     reason += f"; no progress for {first.stalled_for_s:.1f}s"
+    if first.busy_ranks:
+        # Deferred as work (stalls.busy_laggards): say why it took longer.
+        reason += (
+            f", ranks {format_ranks(first.busy_ranks)} busy on a CPU all along, "
+            f"past the {first.timeout_s:.0f}s bound for busy ranks"
+        )
     return Trigger(
         kind=kind,
         reason=reason,
@@ -152,6 +158,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
                     "unobserved_ranks": s.unobserved_ranks,
                     "stalled_for_s": round(s.stalled_for_s, 3),
                     **({"ops_entered": s.ops_entered} if s.ops_entered else {}),
+                    **({"busy_ranks": s.busy_ranks} if s.busy_ranks else {}),
                 }
                 for s in stalls
             ],

@@ -12,6 +12,10 @@ import dataclasses
 from collections.abc import Callable
 
 from hangwatch.server.live.detector import (
+    BUSY_CORES,
+    DEAD_STATES,
+    QUIET_BOUND_FACTOR,
+    GroupStall,
     JobQuiet,
     MemberProgress,
     QuietRank,
@@ -39,7 +43,13 @@ def scan_stalls(
     `startup_grace` too: its members that have entered nothing may just be
     slower to start (imports, a checkpoint load, a restarted attempt's
     processes spawned seconds apart), and --on-hang abort must not end a job
-    for that."""
+    for that.
+
+    A stall whose every not-entered rank is busy on a CPU is over its timeout
+    only at QUIET_BOUND_FACTOR stall timeouts (`busy_laggards`): rank 0
+    evaluating or writing a checkpoint while its peers wait in a barrier is
+    work, and blocked ranks burn no CPU. One that never comes back (a rank
+    spinning for ever) is still paged within that bound."""
     out: list[StalledGroup] = []
     for g in sorted_groups(job.groups):
         if over_timeout_only and now - g.last_progress < stall_timeout:
@@ -87,10 +97,35 @@ def scan_stalls(
             timeout = stall_timeout
             if st.kind == StallKind.STALL and st.seq == 1:
                 timeout = max(stall_timeout, startup_grace)
+            busy = busy_laggards(st, {r.rank: r for r, _ in members}, job, stall_timeout)
+            if busy:
+                timeout = max(timeout, QUIET_BOUND_FACTOR * stall_timeout)
             over = st.stalled_for_s >= timeout
             if over or not over_timeout_only:
-                out.append(StalledGroup(**fields, over_timeout=over))
+                out.append(
+                    StalledGroup(**fields, over_timeout=over, busy_ranks=busy, timeout_s=timeout)
+                )
     return out
+
+
+def busy_laggards(
+    st: GroupStall, records: dict[int, RankRecord], job: JobRecord, stall_timeout: float
+) -> list[int]:
+    """The not-entered ranks of a stall when every one of them is observed,
+    alive (not stopped or gone) and busy on a CPU (at least BUSY_CORES over the
+    last half to one and a half stall timeouts); else none. One rank idle, or
+    its CPU unknown (an agent older than the field), and the stall is judged by
+    its timeout: only evidence of work defers a page."""
+    if st.kind != StallKind.STALL or not st.not_entered_ranks:
+        return []
+    for rank in st.not_entered_ranks:
+        r = records.get(rank)
+        if r is None or not job.observed(r) or r.process_state in DEAD_STATES:
+            return []
+        cores = r.cpu.cores(min_span_s=stall_timeout / 2)
+        if cores is None or cores < BUSY_CORES:
+            return []
+    return list(st.not_entered_ranks)
 
 
 def assumed_completed(

@@ -122,6 +122,15 @@ class StalledState(BaseModel):
     unobserved_ranks: list[int] = Field(default_factory=list)
     stalled_for_s: float
     over_timeout: bool
+    busy_ranks: list[int] = Field(
+        default_factory=list,
+        description="The not-entered ranks, when every one is busy on a CPU (an evaluation, a "
+        "checkpoint on one rank): the stall opens an incident only at timeout_s, three stall "
+        "timeouts.",
+    )
+    timeout_s: float = Field(
+        0.0, description="What stalled_for_s must reach for the stall to open an incident."
+    )
 
 
 class AgentState(BaseModel):

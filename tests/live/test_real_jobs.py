@@ -285,23 +285,25 @@ def test_dead_loader_thread_is_in_the_incident(server: dict[str, str], tmp_path:
 
 
 @pytest.mark.timeout(150)
-def test_slow_evaluation_is_one_resolved_incident(server: dict[str, str], tmp_path: Path) -> None:
-    """Rank 0 evaluates for 9 s while rank 1 waits in a barrier (stall timeout 5 s)."""
+def test_slow_evaluation_raises_nothing(server: dict[str, str], tmp_path: Path) -> None:
+    """Rank 0 evaluates (busy on a CPU) for 9 s while rank 1 waits in a barrier,
+    with a 5 s stall timeout: work, not a hang. A stall whose laggard is busy is
+    paged only at the bound for busy ranks, 3 stall timeouts (15 s)."""
     with live_job(server, tmp_path, "slow-eval", EVAL_S="9") as j:
-        assert j.finished(90) == 0, j.output()
+        saw_barrier = False
+        while j.train.poll() is None:
+            got = j.http.get(f"/api/jobs/{j.job_id}/ranks")
+            if got.status_code == 200:
+                for st in schemas.JobRanks.model_validate(got.json()).stalled:
+                    # The barrier shows as stalled, rank 0 in it busy, never over timeout.
+                    if st.busy_ranks == [0]:
+                        saw_barrier = True
+                        assert st.timeout_s == 3 * STALL_TIMEOUT_S and not st.over_timeout, st
+            time.sleep(0.5)
+        assert j.train.returncode == 0, j.output()
         s = j.ended()
-        assert j.unresolved() == []
-        barrier = [
-            d
-            for d in (j.incident(i.id) for i in j.incidents())
-            if d.report is not None
-            and d.report.stalled_collective is not None
-            and d.report.stalled_collective.op == "barrier"
-        ]
-        (inc,) = barrier  # one incident for the evaluation, however long it took
-        assert inc.status == "resolved" and inc.transient and not inc.open, inc
-        assert inc.late_ranks == [0], inc
-        assert inc.stall_s is not None and STALL_TIMEOUT_S < inc.stall_s < 30, inc
+        assert j.incidents() == []
+        assert saw_barrier, "the evaluation never showed as a busy rank's stall"
         assert s.open_incident is None and s.stalled_groups == 0 and s.oldest_inflight_age_s is None
 
 
