@@ -26,8 +26,8 @@ VERDICTS: dict[str, str] = {
     "crash": "a rank died (the incident's trigger: an uncaught exception, or its process gone "
     "with one) and the others stopped with it: the lagging rank is the first to die, its "
     "exception is in the summary and a `rank-crashed` finding; the survivors' errors after it "
-    "are `crash-consequence`, and where their dumps were captured the summary says where they "
-    "waited",
+    "are `crash-consequence`, and the summary says where each rank stood in its own FR (the "
+    "collective the survivors had entered that the dead rank never reached)",
     "healthy": "nothing stalled in the dumps: every collective in flight was entered by all of "
     "its members (named by pg_config, bundle metadata or --world-size, not only by the dumps) "
     "and nothing is unmatched (offline dumps, no stall reported)",

@@ -39,7 +39,12 @@ def test_no_culprit_after_a_crash_reads_the_survivors_not_a_stall(tmp_path: Path
     report = analyze_path(_bundle(tmp_path, "healthy", crash), world_size=_world("healthy"))
     # The culprit is in the structured fields every consumer reads, not only in prose.
     assert (report.verdict, report.lagging_ranks) == ("crash", [1]), report.summary
-    assert report.summary.startswith(f"Rank 1 crashed (exit code 1): {EXC}. In the survivors'")
+    # Then where each rank stood in its own FR; FR's "no culprit visible" reading
+    # is about a hang, and after a crash the culprit is known: it is left out.
+    assert report.summary == (
+        f"Rank 1 crashed (exit code 1): {EXC}. In FR, rank 1 last entered all_gather #9 in "
+        "group 0; ranks 0,2,3 had entered all_gather #9 in group 0."
+    ), report.summary
     assert "A stall was reported" not in report.summary
     [first] = [f for f in report.findings if f.kind == "rank-crashed"]
     assert first.ranks == [1] and EXC in first.detail
@@ -115,3 +120,23 @@ def test_a_survivor_s_error_after_the_crash_is_a_consequence() -> None:
     ]
     assert rep.findings[1].detail.startswith(closed) and "consequence" in rep.findings[1].detail
     assert rep.summary == f"{head}. {fr.summary}"
+
+
+@pytest.mark.timeout(60)
+def test_the_survivors_positions_say_what_the_dead_rank_never_reached(tmp_path: Path) -> None:
+    """The skip bundle as a crash of the rank FR blames: the survivors had entered
+    the collective it never reached, and the summary says so from the evidence."""
+    plain = analyze_path(GOLDEN_DIR / "skip", world_size=_world("skip"))
+    [dead] = plain.lagging_ranks
+    crash = {"kind": "crash", "rank": dead, "how": "exit code 1", "exception": EXC}
+    report = analyze_path(_bundle(tmp_path, "skip", crash), world_size=_world("skip"))
+    sc = plain.stalled_collective
+    assert sc is not None
+    others = sorted(r for r in range(_world("skip")) if r != dead)
+    assert all(report.evidence[r].last_entered.seq == sc.seq for r in others)  # type: ignore[union-attr]
+    assert (
+        f"ranks {','.join(map(str, others))} had entered {sc.op} #{sc.seq} in group {sc.group}, "
+        f"which rank {dead} never reached"
+    ) in report.summary, report.summary
+    # FR's own reading of that stall still follows.
+    assert report.summary.endswith(plain.summary)

@@ -249,10 +249,19 @@ def test_crash_opens_an_incident_with_the_exception(server: dict[str, str], tmp_
         assert first.ranks == [1]
         # The survivor's FR is in the incident even when it died before the
         # agent asked (gloo fails its collective when the peer's socket closes):
-        # its hook wrote it as it died. Where it stood depends on that race (its
-        # collective in flight, or already failed), so it is not asserted here;
-        # tests/agent/test_termdump.py checks the dump itself.
+        # its hook wrote it as it died. The summary says where each stood.
         assert 0 in inc.report.ranks_loaded, inc.report.ranks_missing
+        dead, alive = inc.report.evidence[1].last_entered, inc.report.evidence[0].last_entered
+        assert dead is not None and alive is not None, inc.report.evidence
+        assert f"In FR, rank 1 last entered all_reduce #{dead.seq} in group 0; " in inc.summary
+        # Rank 0 steps on into the next all_reduce, which rank 1 never reached
+        # (measured: #16 against #15); were torchrun to stop it first, it would
+        # stand where rank 1 did. Either way the summary says which.
+        assert alive.group == "0" and alive.seq in (dead.seq, dead.seq + 1), (alive, dead)
+        beyond = ", which rank 1 never reached" if alive.seq > dead.seq else ""
+        assert f"rank 0 had entered all_reduce #{alive.seq} in group 0{beyond}." in inc.summary
+        # FR's "no culprit visible" reading is about a hang: not after a crash.
+        assert "not visible in FR" not in inc.summary, inc.summary
         j.ended()
         # The incident ends at the coordinator's next tick after the job does.
         (only,) = j.wait(
