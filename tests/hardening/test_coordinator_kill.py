@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,6 +157,49 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
         # job's ranks leave at whatever step each sees "stop", so its end can
         # strand one rank in a collective its peer never enters, a real hang of
         # its own, measured under load.)
+        rows = coord.api(f"/api/incidents?job={JOB}")
+        assert [r["id"] for r in rows] == [inc["id"]], rows
+        job.close()
+        ended = wait_for(
+            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["open"] is False and d,
+            30,
+            "the incident to end with the job",
+        )
+        assert ended["status"] in ("ended", "resolved"), ended
+        agent.check()
+
+
+@pytest.mark.timeout(150)
+def test_both_killed_after_the_verdict_leave_one_open_incident_for_the_live_hang(
+    tmp_path: Path,
+) -> None:
+    """Issue 27's fault matrix, phase "analysed, hang still open": the coordinator
+    and the node's agent are SIGKILLed together once the verdict is stored, and
+    restarted. The agent re-registers every rank with the numbers it had: a
+    restart is not progress, so the incident stays analysed and open, with the
+    job's stall seen again past its timeout, and no second incident opens (the
+    recovered one is the job's open incident again); it ends with the job."""
+    with _watched_job(tmp_path) as (coord, agent, job):
+        job.hang()
+        [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
+        assert inc["verdict"] == "hang" and inc["lagging_ranks"] == [CULPRIT], inc["summary"]
+        coord.kill()
+        agent.kill()
+        coord.start()
+        agent.start()
+
+        def back() -> dict[str, Any] | None:
+            """The restarted coordinator sees every rank again, the stall past its
+            timeout, and holds the stored incident as the job's open one."""
+            view = coord.api(f"/api/jobs/{JOB}/ranks")
+            if not all_connected(coord, JOB, list(range(WORLD))):
+                return None
+            over = [s for s in view["stalled"] if s["over_timeout"]]
+            return view if over and view["open_incident"] == inc["id"] else None
+
+        wait_for(back, 40, "the restarted pair to see the hang again")
+        now = coord.api(f"/api/incidents/{inc['id']}")
+        assert (now["status"], now["open"]) == ("analyzed", True), now
         rows = coord.api(f"/api/incidents?job={JOB}")
         assert [r["id"] for r in rows] == [inc["id"]], rows
         job.close()

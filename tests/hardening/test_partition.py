@@ -9,16 +9,21 @@ only node B's agent watches), so training itself is not partitioned; only
 node B's observability is. The coordinator listens on the veth's host
 address with a bearer token, as a non-loopback coordinator must.
 
-Promise: while node B is cut off, a hang on node A is blamed on the rank that
-caused it, and node B's rank is reported unobserved (finding
-`agent-unreachable`), not guilty. After the link heals, node B's agent
-reconnects by itself.
+Promises: while node B is cut off for longer than the lost-agent timeout, a
+hang on node A is blamed on the rank that caused it, and node B's rank is
+reported unobserved (finding `agent-unreachable`), not guilty; after the link
+heals, node B's agent reconnects by itself. Cut off for 10 s in the middle of
+a collection, under the lost-agent timeout, the collection waits for it and
+the one incident holds every rank's dump.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,28 +38,49 @@ TOKEN = "partition-test-token"
 LOST_S = 3.0
 
 
-@pytest.mark.timeout(150)
-def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
-    link = NetnsLink("p")
+@contextmanager
+def _two_nodes(
+    tmp_path: Path, name: str, job_id: str, *, lost_s: float, dump_deadline: float
+) -> Iterator[tuple[NetnsLink, CoordinatorProc, Any, TrainJob]]:
+    """A coordinator on the veth's host address, node A's agent on the host, node
+    B's in its namespace, and a 3-rank job (rank 1 the culprit) all observed."""
+    link = NetnsLink(name)
     try:
         link.create()
     except FaultUnavailable as e:
         pytest.skip(f"cannot create a network namespace here (needs root/CAP_NET_ADMIN): {e}")
     coord = CoordinatorProc(
         tmp_path / "data", host=link.host_ip, token=TOKEN, stall_timeout=2.0,
-        dump_deadline=8.0, agent_lost_timeout=LOST_S,
+        dump_deadline=dump_deadline, agent_lost_timeout=lost_s,
     )  # fmt: skip
-    runs, agents = two_node_agents(coord, tmp_path, JOB, token=TOKEN, netns=link.name)
-    job = TrainJob(tmp_path, world=3, run_dirs=[runs[0], runs[0], runs[1]], job_id=JOB, culprit=1)
+    runs, agents = two_node_agents(coord, tmp_path, job_id, token=TOKEN, netns=link.name)
+    job = TrainJob(
+        tmp_path, world=3, run_dirs=[runs[0], runs[0], runs[1]], job_id=job_id, culprit=1
+    )
     try:
         coord.start()
         for a in agents:
             a.start()
         job.start()
-        wait_for(lambda: all_connected(coord, JOB, [0, 1, 2]), 40, "all ranks observed")
-        agents_of = {r["rank"]: r["agent_id"] for r in ranks_view(coord, JOB).values()}
+        wait_for(lambda: all_connected(coord, job_id, [0, 1, 2]), 40, "all ranks observed")
+        agents_of = {r["rank"]: r["agent_id"] for r in ranks_view(coord, job_id).values()}
         assert agents_of == {0: "node-a", 1: "node-a", 2: "node-b"}, agents_of
+        yield link, coord, agents, job
+        for a in agents:
+            a.check()  # a partitioned agent keeps running, buffering
+    finally:
+        job.close()
+        for a in agents:
+            a.stop()
+        coord.stop()
+        link.destroy()
 
+
+@pytest.mark.timeout(150)
+def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
+    with _two_nodes(tmp_path, "p", JOB, lost_s=LOST_S, dump_deadline=8.0) as (
+        link, coord, _agents, job,
+    ):  # fmt: skip
         link.partition()
         t_cut = time.monotonic()
         wait_for(lambda: not ranks_view(coord, JOB)[2]["observed"], 15, "rank 2 unobserved")
@@ -68,8 +94,6 @@ def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
         findings = {f["kind"]: f for f in inc["report"]["findings"]}
         assert findings["agent-unreachable"]["ranks"] == [2], findings
         assert "unobserved (agent unreachable)" in inc["summary"], inc["summary"]
-        for a in agents:
-            a.check()  # the partitioned agent kept running, buffering
 
         link.heal()
         t_heal = time.monotonic()
@@ -78,9 +102,38 @@ def test_partitioned_agent_is_unobserved_not_blamed(tmp_path: Path) -> None:
 
         assert inc["lagging_ranks"] == [1], inc["summary"]
         assert "not blamed" in inc["summary"], inc["summary"]
-    finally:
-        job.close()
-        for a in agents:
-            a.stop()
-        coord.stop()
-        link.destroy()
+
+
+# The fault matrix's cell (docs/operations.md): 10 s cut, under a 15 s lost-agent
+# timeout, inside a 30 s dump deadline.
+PARTITION_S = 10.0
+MID_JOB = "chaos-partition-mid"
+
+
+@pytest.mark.timeout(150)
+def test_a_partition_in_the_middle_of_a_collection_loses_no_dump(tmp_path: Path) -> None:
+    """Node B is cut off the moment the incident is stored, for 10 s. Whether
+    its DUMP command reached it first (it dumps, and its upload is retried
+    after the heal) or not (the command is delivered when its stream comes
+    back), its rank's dump lands in the one incident, which names rank 1."""
+    with _two_nodes(tmp_path, "q", MID_JOB, lost_s=15.0, dump_deadline=30.0) as (
+        link, coord, _agents, job,
+    ):  # fmt: skip
+        job.hang()
+        [row] = wait_for(lambda: _collecting(coord, MID_JOB), 20, "the incident to open")
+        link.partition()
+        time.sleep(PARTITION_S)  # the fault itself
+        link.heal()
+        t_heal = time.time()
+        [inc] = wait_for(lambda: finished_incidents(coord, MID_JOB), 40, "the incident")
+        assert inc["id"] == row["id"]
+        # Analysed after the heal, with node B's rank: it waited, lost nothing.
+        assert inc["updated"] >= t_heal, (inc["updated"], t_heal)
+        assert sorted(inc["ranks_dumped"]) == [0, 1, 2], inc
+        assert inc["ranks_unreachable"] == {}, inc
+        assert (inc["verdict"], inc["lagging_ranks"]) == ("hang", [1]), inc["summary"]
+        assert [r["id"] for r in coord.api(f"/api/incidents?job={MID_JOB}")] == [row["id"]]
+
+
+def _collecting(coord: CoordinatorProc, job: str) -> list[dict[str, Any]]:
+    return [r for r in coord.api(f"/api/incidents?job={job}") if r["status"] == "collecting"]
