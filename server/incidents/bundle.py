@@ -19,6 +19,12 @@ from hangwatch.formats import IncidentDoc, RankMeta
 
 KnownMeta = Callable[[str, int], RankMeta | None]  # (job, rank) -> what is known
 
+# sources["process"] of a meta.json the coordinator wrote for a rank nobody
+# dumped: a stand-in, which the rank's own meta.json replaces if it arrives
+# after all (an agent back from a partition), rather than being acked as a
+# duplicate of it.
+STAND_IN_SOURCE = "coordinator"
+
 
 def write_incident_json(
     bundle: Path,
@@ -52,6 +58,27 @@ def write_incident_json(
     formats.atomic_write(path, doc.to_bytes(), durable=True)
 
 
+def revise_outcome(bundle: Path, dumped: set[int], unreachable: dict[int, str]) -> None:
+    """incident.json's outcome after a late dump (its `with_outcome`); nothing
+    when it was never written (a full disk at open)."""
+    path = bundle / formats.INCIDENT_FILE
+    if path.exists():
+        doc = IncidentDoc.from_bytes(path.read_bytes()).with_outcome(dumped, unreachable)
+        formats.atomic_write(path, doc.to_bytes(), durable=True)
+
+
+def is_stand_in(path: str | Path) -> bool:
+    """`path` is a meta.json the coordinator wrote for an undumped rank (blocking:
+    reads the small file; called only where a meta.json already exists)."""
+    if Path(path).name != formats.META_FILE:
+        return False
+    try:
+        meta = RankMeta.from_bytes(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return meta.reachable is False and meta.sources.get("process") == STAND_IN_SOURCE
+
+
 def write_unreachable_meta(
     inc: Collection, bundle: Path, unreachable: dict[int, str], known_meta: KnownMeta
 ) -> None:
@@ -63,7 +90,7 @@ def write_unreachable_meta(
             continue
         meta = (known_meta(inc.job_id, r) or RankMeta(rank=r, process_state="unknown")).replace(
             reachable=False,
-            sources={"fr": "none", "stacks": "none", "gpu": "none", "process": "coordinator"},
+            sources={"fr": "none", "stacks": "none", "gpu": "none", "process": STAND_IN_SOURCE},
             errors={"fr": why, "stacks": why},
         )
         meta_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hangwatch.analyzer.report import Finding, Report
-from hangwatch.server.incidents.bundle import write_incident_json, write_unreachable_meta
+from hangwatch.server.incidents.bundle import (
+    revise_outcome,
+    write_incident_json,
+    write_unreachable_meta,
+)
 from hangwatch.server.incidents.collection import Collection
 from hangwatch.server.incidents.store import IncidentStore
 from hangwatch.server.integrations.metrics import Metrics
@@ -70,6 +74,36 @@ def analyse_and_store(
         inc.incident_id,
         time.monotonic() - t0,
         detection_s,
+        report.summary,
+    )
+    return report
+
+
+def reanalyse_with_late(
+    incident_id: str,
+    dumped: set[int],
+    unreachable: dict[int, str],
+    *,
+    store: IncidentStore,
+    analyze: Analyze,
+) -> Report:
+    """An analysed incident whose missing ranks' dumps arrived after its verdict
+    (an agent back from a partition longer than the lost-agent timeout, whose
+    DUMP command it had already begun): record the new outcome, analyse the
+    bundle again and store the revised verdict. The incident's status,
+    detection time and actions stay: the page it sent was right about when."""
+    store.set_dump_outcome(incident_id, ranks_dumped=dumped, ranks_unreachable=unreachable)
+    bundle = store.incident_dir(incident_id)
+    revise_outcome(bundle, dumped, unreachable)
+    row = store.get_incident(incident_id)
+    world = len(row.ranks_expected) if row is not None and row.ranks_expected else None
+    t0 = time.monotonic()
+    report = mark_unobserved(analyze(bundle, world), unreachable)
+    store.revise_report(incident_id, report=report)
+    log.warning(
+        "incident %s re-analysed in %.2fs with dumps that arrived after its verdict: %s",
+        incident_id,
+        time.monotonic() - t0,
         report.summary,
     )
     return report

@@ -37,6 +37,7 @@ from hangwatch.server.incidents.finalize import (
     analyse_and_store,
     default_analyze,
     full_dump_commands,
+    reanalyse_with_late,
     record_failure,
 )
 from hangwatch.server.incidents.lifecycle import Watch, late_hint, publish_states, step
@@ -160,12 +161,57 @@ class IncidentManager:
     def on_dump_result(self, res: pb.DumpResult) -> bool:
         with self._lock:
             inc = self._collecting.get(res.incident_id)
-            if inc is None or inc.job_id != res.job_id or inc.finalizing:
+            if inc is not None and (inc.job_id != res.job_id or inc.finalizing):
                 return False
-            inc.apply_result(res)
+            if inc is not None:
+                inc.apply_result(res)
+        if inc is None:
+            return self._late_result(res)
         self.registry.retire_command(res.job_id, res.agent_id, res.incident_id)
         self._wake.set()
         return True
+
+    def _late_result(self, res: pb.DumpResult) -> bool:
+        """A CompleteDump for an incident whose verdict is in: accepted when it
+        brings ranks the verdict had as unreachable (their files were stored as
+        they came), which are then analysed in with the rest, off this thread.
+        Rare (a partition past the lost-agent timeout), so one row read here."""
+        row = self.store.get_incident(res.incident_id)
+        if row is None or row.job_id != res.job_id:
+            return False
+        if row.status in (IncidentStatus.COLLECTING, IncidentStatus.FAILED):
+            return False
+        late = {r for r in res.ranks_dumped if r in row.ranks_unreachable}
+        if not late:
+            return False
+        self._track(self._pool.submit(self._revise, row.id, late))
+        self.registry.retire_command(res.job_id, res.agent_id, res.incident_id)
+        return True
+
+    def _revise(self, incident_id: str, late: set[int]) -> None:
+        try:
+            row = self.store.get_incident(incident_id)
+            if row is None:
+                return
+            bundle = self.store.incident_dir(incident_id)
+            arrived = {r for r in late if fr_stored(bundle, r)}
+            if not arrived:
+                log.warning(
+                    "incident %s: ranks %s reported dumped after the verdict, but no FR file "
+                    "of theirs is stored; verdict unchanged",
+                    incident_id,
+                    format_ranks(late),
+                )
+                return
+            dumped = set(row.ranks_dumped) | arrived
+            unreachable = {r: w for r, w in row.ranks_unreachable.items() if r not in arrived}
+            reanalyse_with_late(
+                incident_id, dumped, unreachable, store=self.store, analyze=self._analyze
+            )
+        except Exception:
+            log.exception("incident %s: re-analysis with late dumps failed", incident_id)
+        finally:
+            self._publish()
 
     def is_collecting(self, incident_id: str) -> bool:
         with self._lock:
@@ -349,7 +395,9 @@ class IncidentManager:
     # ---- closing -------------------------------------------------------------------
 
     def _submit(self, inc: Collection) -> None:
-        fut = self._pool.submit(self._finalize, inc)
+        self._track(self._pool.submit(self._finalize, inc))
+
+    def _track(self, fut: Future[None]) -> None:
         with self._lock:
             self._futures = {f for f in self._futures if not f.done()}
             self._futures.add(fut)

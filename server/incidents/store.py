@@ -327,6 +327,17 @@ class IncidentStore:
             error=None,
         )
 
+    def revise_report(self, incident_id: str, *, report: Report) -> IncidentRow:
+        """A verdict re-analysed with dumps that arrived after it: the report
+        changes; status, detection time and close state stay as they were."""
+        return self._update(
+            incident_id,
+            verdict=report.verdict,
+            summary=report.summary,
+            lagging_ranks=_ranks(report.lagging_ranks),
+            report=report.to_json(),
+        )
+
     def set_actions(self, incident_id: str, actions: Iterable[ActionRecord]) -> IncidentRow:
         """Replace the incident's action records (the action runner owns them)."""
         return self._update(incident_id, actions=json.dumps([a.to_dict() for a in actions]))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from hangwatch.server.incidents.bundle import is_stand_in
 from hangwatch.server.ingest import validate
 from hangwatch.server.ingest.uploads import (
     MAX_FILES_PER_RANK,
@@ -187,7 +188,7 @@ def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Writ
                     n = 0
                 except FileExistsError:
                     n = sum(1 for e in os.scandir(rank_dir) if not e.name.endswith(".part"))
-            if n and os.path.isfile(final):
+            if n and os.path.isfile(final) and not is_stand_in(final):
                 duplicate.append(True)
                 counted[rank_dir] = n
                 continue

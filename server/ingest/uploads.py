@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, ClassVar, Final
 
 import grpc
+from hangwatch.server.incidents.bundle import is_stand_in
 from hangwatch.server.ingest import validate
 from hangwatch.server.ingest.validate import Invalid
 
@@ -106,7 +107,9 @@ class FileUpload:
         self._fh: BinaryIO | None = None
 
     def already_complete(self) -> bool:
-        return self.final.is_file()
+        # A stand-in meta.json (the coordinator's, for a rank nobody dumped) is
+        # replaced by the rank's own when it arrives late, not acked over.
+        return self.final.is_file() and not is_stand_in(self.final)
 
     def open(self) -> None:
         self.rank_dir.mkdir(parents=True, exist_ok=True)

@@ -306,6 +306,73 @@ def test_lost_agent_is_unobserved_not_guilty(
         a.close()
 
 
+@pytest.mark.timeout(60)
+def test_dumps_that_arrive_after_the_verdict_are_analysed_in(
+    start_coordinator: Callable[..., Coordinator],
+) -> None:
+    """Issue 27: node-b is lost past the lost-agent timeout mid-incident, so the
+    verdict calls ranks 2,3 unobserved. Back from its partition, it uploads the
+    dumps it took (its meta.json replacing the coordinator's stand-in) and
+    completes: the incident is analysed again with every rank, and now names
+    the ranks that never entered #3, with its status and detection time kept."""
+    c = start_coordinator(agent_lost_timeout=0.4, stall_timeout=1.0, dump_deadline=1.5)
+    with grpc.insecure_channel(c.grpc_address) as ch:
+        stub = rpc.CoordinatorStub(ch)
+        a, b = _agents(stub)
+        a.progress({0: (2, 2), 1: (2, 2)})
+        b.progress({2: (2, 2), 3: (2, 2)})
+        b.close()
+        end = time.monotonic() + 8
+        cmd = None
+        while cmd is None and time.monotonic() < end:
+            a.progress({0: (3, 2), 1: (3, 2)})
+            with contextlib.suppress(queue.Empty):
+                cmd = a.next_command(timeout=0.2)
+        assert cmd is not None, "no DUMP after node-b was lost"
+        iid = cmd.incident_id
+        for r in (0, 1):
+            _bundle_rank(a, iid, r, 3, 2, 4)
+        assert a.complete(iid, [0, 1])
+
+        def status(want: Callable[[IncidentRow], bool]) -> Callable[[], IncidentRow | None]:
+            def check() -> IncidentRow | None:
+                a.progress({0: (3, 2), 1: (3, 2)})  # node-a alive: the job goes on
+                row = c.store.get_incident(iid)
+                return row if row is not None and want(row) else None
+
+            return check
+
+        first = wait_for(status(lambda r: r.status == "analyzed"), 20, "the first verdict")
+        assert set(first.ranks_unreachable) == {2, 3}, first
+        assert "Ranks 2,3 were unobserved (agent unreachable)" in (first.summary or "")
+        stand_in = c.store.incident_dir(iid) / "rank_2" / formats.META_FILE
+        assert json.loads(stand_in.read_text())["reachable"] is False
+
+        # Node-b is back: the files of the dump it took, then its CompleteDump.
+        back = ProtocolAgent(stub, job_id=JOB, agent_id="node-b", ranks=[2, 3], world_size=4)
+        back.register()
+        for r in (2, 3):
+            _bundle_rank(back, iid, r, 2, 2, 4)
+        assert json.loads(stand_in.read_text()).get("reachable") is not False
+        assert back.complete(iid, [2, 3]), "a late dump of unreachable ranks is accepted"
+        revised = wait_for(status(lambda r: r.ranks_unreachable == {}), 20, "the re-analysis")
+        assert revised.ranks_dumped == [0, 1, 2, 3]
+        done = wait_for(status(lambda r: r.summary != first.summary), 20, "the revised verdict")
+        assert (done.status, done.verdict, done.lagging_ranks) == ("analyzed", "hang", [2, 3])
+        assert done.summary == (
+            "Ranks 2,3 never entered all_reduce #3 in group 0 (default_pg); ranks 0,1 are "
+            "waiting in it."
+        ), done.summary
+        assert done.detection_s == first.detection_s
+        assert done.report is not None
+        assert not [f for f in done.report.findings if f.kind == "agent-unreachable"]
+        doc = json.loads((c.store.incident_dir(iid) / formats.INCIDENT_FILE).read_text())
+        assert sorted(doc["ranks_dumped"]) == [0, 1, 2, 3] and not doc["ranks_unreachable"]
+        # Nothing new to say: a second late CompleteDump is refused.
+        assert not back.complete(iid, [2, 3])
+        a.close()
+
+
 @pytest.mark.timeout(30)
 def test_event_opens_incident_and_duplicates_join_it(
     start_coordinator: Callable[..., Coordinator],
