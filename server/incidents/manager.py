@@ -111,6 +111,10 @@ class IncidentManager:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hangwatch-analyze")
         self._futures: set[Future[None]] = set()
+        # Incident -> ranks whose dumps arrived after its verdict, not yet
+        # analysed in. At thousands of ranks many agents can answer just past the
+        # deadline: their results coalesce into one re-analysis, not one each.
+        self._late: dict[str, set[int]] = {}
         self._thread = threading.Thread(target=self._run, name="hangwatch-detector", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------
@@ -184,11 +188,17 @@ class IncidentManager:
         late = {r for r in res.ranks_dumped if r in row.ranks_unreachable}
         if not late:
             return False
-        self._track(self._pool.submit(self._revise, row.id, late))
+        with self._lock:
+            queued = row.id in self._late
+            self._late.setdefault(row.id, set()).update(late)
+        if not queued:
+            self._track(self._pool.submit(self._revise, row.id))
         self.registry.retire_command(res.job_id, res.agent_id, res.incident_id)
         return True
 
-    def _revise(self, incident_id: str, late: set[int]) -> None:
+    def _revise(self, incident_id: str) -> None:
+        with self._lock:
+            late = self._late.pop(incident_id, set())
         try:
             row = self.store.get_incident(incident_id)
             if row is None:
