@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,17 +18,27 @@ SPIN = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: pass
 SLEEP = "import time\ntime.sleep(30)\n"
 
 
-def _cpu_after(code: str, seconds: float) -> tuple[int, int, int]:
+# A rank that waits while a process it started works (torch.compile's workers
+# and their compilers): the child, and the child's child, spin.
+PARENT_OF = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1]] + sys.argv[2:3])\n"
+    "time.sleep(30)\n"
+)
+
+
+def _cpu_after(code: str, seconds: float, *args: str) -> tuple[int, int, int]:
     """(state, CPU ns at start, CPU ns `seconds` later) of a child running `code`."""
-    p = subprocess.Popen([sys.executable, "-c", code])
+    # Its own session: the processes it starts are killed with it.
+    p = subprocess.Popen([sys.executable, "-c", code, *args], start_new_session=True)
     try:
-        time.sleep(0.3)  # past the interpreter's start-up
+        time.sleep(0.5)  # past the interpreters' start-up
         state, first = process_sample(p.pid)
         time.sleep(seconds)
         _, second = process_sample(p.pid)
         return state, first, second
     finally:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)
         p.wait()
 
 
@@ -36,6 +48,19 @@ def test_a_spinning_process_accrues_cpu_and_a_sleeping_one_does_not() -> None:
     assert state == pb.PROCESS_STATE_RUNNING
     assert a > 0 and (b - a) / 1e9 >= 0.25, (a, b)  # most of a core; 0.25 is BUSY_CORES
     _, a, b = _cpu_after(SLEEP, 1.0)
+    assert (b - a) / 1e9 < 0.05, (a, b)
+
+
+@pytest.mark.timeout(30)
+def test_a_process_waiting_on_its_working_children_is_busy() -> None:
+    """The rank sleeps; the process it started spins (a compile worker), or the
+    process that one started does (the compiler the worker runs)."""
+    _, a, b = _cpu_after(PARENT_OF, 1.0, SPIN)
+    assert (b - a) / 1e9 >= 0.25, (a, b)
+    _, a, b = _cpu_after(PARENT_OF, 1.0, PARENT_OF, SPIN)
+    assert (b - a) / 1e9 >= 0.25, (a, b)
+    # Children that wait are no work either.
+    _, a, b = _cpu_after(PARENT_OF, 1.0, SLEEP)
     assert (b - a) / 1e9 < 0.05, (a, b)
 
 
