@@ -117,6 +117,19 @@ def test_coordinator_kill9_restarts(tmp_path: Path) -> None:
         assert [r["id"] for r in rows] == [inc["id"]], rows
 
 
+def _one_incident_that_ends_with_the_job(coord: CoordinatorProc, job: TrainJob, iid: str) -> None:
+    """The job's only incident is `iid`; the job is stopped and the incident ends."""
+    rows = coord.api(f"/api/incidents?job={JOB}")
+    assert [r["id"] for r in rows] == [iid], rows
+    job.close()
+    ended = wait_for(
+        lambda: (d := coord.api(f"/api/incidents/{iid}"))["open"] is False and d,
+        30,
+        "the incident to end with the job",
+    )
+    assert ended["status"] in ("ended", "resolved"), ended
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("killed", ["coordinator", "both"])
 def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
@@ -157,15 +170,7 @@ def test_a_coordinator_killed_mid_collection_finishes_its_one_incident(
         # job's ranks leave at whatever step each sees "stop", so its end can
         # strand one rank in a collective its peer never enters, a real hang of
         # its own, measured under load.)
-        rows = coord.api(f"/api/incidents?job={JOB}")
-        assert [r["id"] for r in rows] == [inc["id"]], rows
-        job.close()
-        ended = wait_for(
-            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["open"] is False and d,
-            30,
-            "the incident to end with the job",
-        )
-        assert ended["status"] in ("ended", "resolved"), ended
+        _one_incident_that_ends_with_the_job(coord, job, inc["id"])
         agent.check()
 
 
@@ -200,13 +205,5 @@ def test_both_killed_after_the_verdict_leave_one_open_incident_for_the_live_hang
         wait_for(back, 40, "the restarted pair to see the hang again")
         now = coord.api(f"/api/incidents/{inc['id']}")
         assert (now["status"], now["open"]) == ("analyzed", True), now
-        rows = coord.api(f"/api/incidents?job={JOB}")
-        assert [r["id"] for r in rows] == [inc["id"]], rows
-        job.close()
-        ended = wait_for(
-            lambda: (d := coord.api(f"/api/incidents/{inc['id']}"))["open"] is False and d,
-            30,
-            "the incident to end with the job",
-        )
-        assert ended["status"] in ("ended", "resolved"), ended
+        _one_incident_that_ends_with_the_job(coord, job, inc["id"])
         agent.check()
