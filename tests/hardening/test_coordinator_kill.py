@@ -207,3 +207,26 @@ def test_both_killed_after_the_verdict_leave_one_open_incident_for_the_live_hang
         assert (now["status"], now["open"]) == ("analyzed", True), now
         _one_incident_that_ends_with_the_job(coord, job, inc["id"])
         agent.check()
+
+
+@pytest.mark.timeout(150)
+def test_a_hang_that_starts_while_both_are_down_is_diagnosed_once_they_are_back(
+    tmp_path: Path,
+) -> None:
+    """Issue 27's fault matrix, phase "stall not yet past its timeout", `[both]`:
+    the coordinator and the node's agent are SIGKILLed, the job hangs while
+    neither runs, and both are restarted. The agent finds the ranks again in
+    its run dir, their numbers are the restarted coordinator's baseline, and
+    the stall that follows is diagnosed once, naming the rank."""
+    with _watched_job(tmp_path) as (coord, agent, job):
+        coord.kill()
+        agent.kill()
+        job.hang()
+        time.sleep(STALL_S + 1.0)  # the hang ages past a stall timeout unobserved
+        coord.start()
+        agent.start()
+        [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
+        assert inc["verdict"] == "hang" and inc["lagging_ranks"] == [CULPRIT], inc["summary"]
+        assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
+        _one_incident_that_ends_with_the_job(coord, job, inc["id"])
+        agent.check()
