@@ -31,9 +31,9 @@ def process_sample(pid: int, starttime: int | None = None) -> tuple[int, int]:
     threads, plus what its children used (reaped ones from its own stat, live
     ones from theirs, found through its main thread's `children` list). A
     `torch.compile` does its work in compile worker processes and their
-    compilers while the rank's own threads wait (measured: 22 s to compile a
-    two-layer model on 2 cores, the rank process at 0.0 cores for 18 of them):
-    counted alone, a compiling rank reads idle. A rank with no children costs
+    compilers while the rank's own threads wait (measured on a cold cache: 14.2 s
+    to compile a two-layer model on 2 cores, the rank's own threads at 0.0-0.01
+    cores for 10 of them): counted alone, a compiling rank reads idle. A rank with no children costs
     one more small read, about 20 us a poll in all."""
     fields = hook_protocol.proc_stat_fields(pid)
     if fields is None or not fields:

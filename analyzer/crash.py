@@ -23,8 +23,7 @@ from typing import Any
 
 from hangwatch.analyzer.report import CollectiveRef, Finding, FindingKind, Report
 from hangwatch.analyzer.text import collective_text
-
-from hangwatch.rankspec import format_ranks
+from hangwatch.analyzer.wording import ranks_lower
 
 # FR readings that speak of a hang nobody is blamed for: after a crash the
 # crash is the cause, and the positions say what FR saw.
@@ -96,7 +95,7 @@ def positions(report: Report, dead: int) -> str:
             by_place.setdefault((c.group, c.seq, c.op), []).append(r)
     parts: list[str] = []
     for place, ranks in by_place.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+        who = ranks_lower(ranks)
         if isinstance(place, str):
             parts.append(f"{who}: {place}")
             continue

@@ -37,34 +37,32 @@ def write_incident_json(
     """Write incident.json; with `reason` None, update the outcome of the one
     written when the incident opened (if it could be written then)."""
     bundle.mkdir(parents=True, exist_ok=True)
+    dumped = dumped if dumped is not None else inc.dumped
+    unreachable = unreachable if unreachable is not None else inc.unreachable
+    if reason is None and revise_outcome(bundle, dumped, unreachable):
+        return
+    doc = IncidentDoc(
+        id=inc.incident_id,
+        job_id=inc.job_id,
+        reason=reason or "",
+        created_unix=inc.created,
+        trigger=inc.trigger_info,
+        world_size=inc.world_size,
+        ranks_expected=tuple(sorted(inc.expected)),
+        tail_context=inc.tail_context,
+    ).with_outcome(dumped, unreachable)
+    formats.atomic_write(bundle / formats.INCIDENT_FILE, doc.to_bytes(), durable=True)
+
+
+def revise_outcome(bundle: Path, dumped: set[int], unreachable: dict[int, str]) -> bool:
+    """Rewrite the outcome of the incident.json written at open (at the verdict,
+    or after a late dump); False when there is none (a full disk at open)."""
     path = bundle / formats.INCIDENT_FILE
-    if reason is None and path.exists():
-        doc = IncidentDoc.from_bytes(path.read_bytes())
-    else:
-        doc = IncidentDoc(
-            id=inc.incident_id,
-            job_id=inc.job_id,
-            reason=reason or "",
-            created_unix=inc.created,
-            trigger=inc.trigger_info,
-            world_size=inc.world_size,
-            ranks_expected=tuple(sorted(inc.expected)),
-            tail_context=inc.tail_context,
-        )
-    doc = doc.with_outcome(
-        dumped if dumped is not None else inc.dumped,
-        unreachable if unreachable is not None else inc.unreachable,
-    )
+    if not path.exists():
+        return False
+    doc = IncidentDoc.from_bytes(path.read_bytes()).with_outcome(dumped, unreachable)
     formats.atomic_write(path, doc.to_bytes(), durable=True)
-
-
-def revise_outcome(bundle: Path, dumped: set[int], unreachable: dict[int, str]) -> None:
-    """incident.json's outcome after a late dump (its `with_outcome`); nothing
-    when it was never written (a full disk at open)."""
-    path = bundle / formats.INCIDENT_FILE
-    if path.exists():
-        doc = IncidentDoc.from_bytes(path.read_bytes()).with_outcome(dumped, unreachable)
-        formats.atomic_write(path, doc.to_bytes(), durable=True)
+    return True
 
 
 def is_stand_in(path: str | Path) -> bool:

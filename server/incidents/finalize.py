@@ -81,6 +81,7 @@ def analyse_and_store(
 
 def reanalyse_with_late(
     incident_id: str,
+    world_size: int | None,
     dumped: set[int],
     unreachable: dict[int, str],
     *,
@@ -95,10 +96,8 @@ def reanalyse_with_late(
     store.set_dump_outcome(incident_id, ranks_dumped=dumped, ranks_unreachable=unreachable)
     bundle = store.incident_dir(incident_id)
     revise_outcome(bundle, dumped, unreachable)
-    row = store.get_incident(incident_id)
-    world = len(row.ranks_expected) if row is not None and row.ranks_expected else None
     t0 = time.monotonic()
-    report = mark_unobserved(analyze(bundle, world), unreachable)
+    report = mark_unobserved(analyze(bundle, world_size), unreachable)
     store.revise_report(incident_id, report=report)
     log.warning(
         "incident %s re-analysed in %.2fs with dumps that arrived after its verdict: %s",

@@ -165,9 +165,9 @@ class IncidentManager:
     def on_dump_result(self, res: pb.DumpResult) -> bool:
         with self._lock:
             inc = self._collecting.get(res.incident_id)
-            if inc is not None and (inc.job_id != res.job_id or inc.finalizing):
-                return False
             if inc is not None:
+                if inc.job_id != res.job_id or inc.finalizing:
+                    return False
                 inc.apply_result(res)
         if inc is None:
             return self._late_result(res)
@@ -215,8 +215,9 @@ class IncidentManager:
                 return
             dumped = set(row.ranks_dumped) | arrived
             unreachable = {r: w for r, w in row.ranks_unreachable.items() if r not in arrived}
+            world = len(row.ranks_expected) or None
             reanalyse_with_late(
-                incident_id, dumped, unreachable, store=self.store, analyze=self._analyze
+                incident_id, world, dumped, unreachable, store=self.store, analyze=self._analyze
             )
         except Exception:
             log.exception("incident %s: re-analysis with late dumps failed", incident_id)
