@@ -140,3 +140,43 @@ def test_the_survivors_positions_say_what_the_dead_rank_never_reached(tmp_path: 
     ) in report.summary, report.summary
     # FR's own reading of that stall still follows.
     assert report.summary.endswith(plain.summary)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", ["one-rank-left", "missing-and-unreadable"])
+def test_positions_after_a_crash_from_partial_and_damaged_dumps(
+    tmp_path: Path, damage: str
+) -> None:
+    """The skip bundle as a crash of its lagging rank, with survivors' dumps gone
+    or unreadable: the verdict stays `crash` naming the dead rank, and the
+    positions say which survivors left no dump rather than guessing where they
+    were (never a healthy reading)."""
+    plain = analyze_path(GOLDEN_DIR / "skip", world_size=_world("skip"))
+    [dead] = plain.lagging_ranks
+    crash = {"kind": "crash", "rank": dead, "how": "exit code 1", "exception": EXC}
+    d = _bundle(tmp_path, "skip", crash)
+    survivors = sorted(r for r in range(_world("skip")) if r != dead)
+    if damage == "one-rank-left":
+        gone = survivors[1:]
+        for r in gone:
+            shutil.rmtree(d / f"rank_{r}")
+        kept = survivors[:1]
+    else:
+        gone = survivors[:2]
+        shutil.rmtree(d / f"rank_{gone[0]}")
+        (d / f"rank_{gone[1]}" / f"fr_trace_rank_{gone[1]}").write_bytes(b"\x80\x04not a pickle")
+        kept = survivors[2:]
+    report = analyze_path(d, world_size=_world("skip"))
+    assert (report.verdict, report.lagging_ranks) == ("crash", [dead]), report.summary
+    assert "healthy" not in report.summary.lower()
+    no_dump = ",".join(map(str, gone))
+    assert f"{'rank' if len(gone) == 1 else 'ranks'} {no_dump}: no dump" in report.summary, (
+        report.summary
+    )
+    [alive] = kept
+    sc = plain.stalled_collective
+    assert sc is not None
+    assert (
+        f"rank {alive} had entered {sc.op} #{sc.seq} in group {sc.group}, which rank {dead} never reached"
+        in (report.summary)
+    ), report.summary

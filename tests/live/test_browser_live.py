@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 
 from hangwatch.config import env_var
 from hangwatch.testing.launch import launch_job
+from tests.hardening.util import wait_for
 from tests.live.conftest import POLL_INTERVAL
 from tests.support.chaos import AgentProc
 from tests.web.browser import open_browser, screenshot
@@ -38,17 +38,6 @@ LAGGING = 1  # the skip scenario's rank that never enters all_reduce #10
 def _get(http: str, path: str) -> Any:
     with urllib.request.urlopen(f"{http}{path}", timeout=5) as r:
         return json.loads(r.read())
-
-
-def _wait(what: str, timeout: float, fn: Any, check: Any) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        check()
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(240)
@@ -68,8 +57,13 @@ def test_job_and_incident_pages_while_a_real_job_hangs(
                env_var("coordinator"): coordinator["grpc"]}  # fmt: skip
         with launch_job("skip", WORLD, workdir=tmp_path / "job", attach=True, extra_env=env):
             ranks = f"/api/jobs/{job_id}/ranks"
-            _wait("the job's ranks never registered", 120,
-                  lambda: len(_get(http, ranks).get("ranks", [])) == WORLD, agent.check)  # fmt: skip
+
+            def registered() -> bool:
+                agent.check()  # a dead agent fails here, with its log
+                return len(_get(http, ranks).get("ranks", [])) == WORLD
+
+            # wait_for retries the 404 a job gets before its first registration.
+            wait_for(registered, 120, "the job's ranks to register")
 
             with open_browser() as session:
                 page = session.new_page()
@@ -77,16 +71,16 @@ def test_job_and_incident_pages_while_a_real_job_hangs(
                 assert page.locator("#heatmap .cell").count() == WORLD  # type: ignore[attr-defined]
                 # The stall shows up by polling, with no reload: rank 1 is flagged
                 # as not having entered the stalled collective.
-                page.locator(f'#heatmap .cell.stalled[data-rank="{LAGGING}"]').wait_for(
+                page.locator(f'#heatmap .cell.stalled[data-rank="{LAGGING}"]').wait_for(  # type: ignore[attr-defined]
                     timeout=60_000
-                )  # type: ignore[attr-defined]
+                )
                 # The op's name comes with the FR entries the agent fetches once the
                 # collective has been in flight a while: the row can show before it
                 # (seen under load: "#10" with no op yet); the page fills it in by polling.
                 stalled_row = page.locator("#stalled-table tbody tr").first  # type: ignore[attr-defined]
-                page.locator("#stalled-table tbody tr:has-text('all_reduce')").wait_for(
+                page.locator("#stalled-table tbody tr:has-text('all_reduce')").wait_for(  # type: ignore[attr-defined]
                     timeout=30_000
-                )  # type: ignore[attr-defined]
+                )
                 assert "#10" in stalled_row.inner_text()
                 # Once the incident opens, the header says the job is hung, in red
                 # (issue 24), still without a reload; the job is hung until we stop it.
@@ -95,9 +89,12 @@ def test_job_and_incident_pages_while_a_real_job_hangs(
 
                 incident_id = _get(http, ranks)["open_incident"]
                 assert incident_id, "the page said hung with no open incident"
-                _wait("the incident was never analysed", 60,
-                      lambda: _get(http, f"/api/incidents/{incident_id}")["status"] == "analyzed",
-                      agent.check)  # fmt: skip
+
+                def analysed() -> bool:
+                    agent.check()
+                    return bool(_get(http, f"/api/incidents/{incident_id}")["status"] == "analyzed")
+
+                wait_for(analysed, 60, "the incident to be analysed")
                 page.goto(f"{http}/incidents/{incident_id}")  # type: ignore[attr-defined]
                 summary = page.locator("#summary").inner_text()  # type: ignore[attr-defined]
                 assert f"Rank {LAGGING}" in summary and "all_reduce #10" in summary, summary

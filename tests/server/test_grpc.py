@@ -253,6 +253,23 @@ def test_long_healthy_collective_opens_no_incident(ticked: Ticked) -> None:
     b.close()
 
 
+def _lose_node_b(stub: rpc.CoordinatorStub) -> tuple[ProtocolAgent, pb.Command]:
+    """Node-b goes silent (a coordinator with a short lost-agent timeout) while
+    ranks 0,1 wait in #3: node-a, and the DUMP it is handed for the incident."""
+    a, b = _agents(stub)
+    a.progress({0: (2, 2), 1: (2, 2)})
+    b.progress({2: (2, 2), 3: (2, 2)})
+    b.close()  # its ranks become unobserved
+    end = time.monotonic() + 8
+    cmd = None
+    while cmd is None and time.monotonic() < end:
+        a.progress({0: (3, 2), 1: (3, 2)})
+        with contextlib.suppress(queue.Empty):
+            cmd = a.next_command(timeout=0.2)
+    assert cmd is not None, "no DUMP after node-b was lost"
+    return a, cmd
+
+
 @pytest.mark.timeout(60)
 def test_lost_agent_is_unobserved_not_guilty(
     start_coordinator: Callable[..., Coordinator],
@@ -260,17 +277,7 @@ def test_lost_agent_is_unobserved_not_guilty(
     c = start_coordinator(agent_lost_timeout=0.4, stall_timeout=1.0, dump_deadline=1.5)
     with grpc.insecure_channel(c.grpc_address) as ch:
         stub = rpc.CoordinatorStub(ch)
-        a, b = _agents(stub)
-        a.progress({0: (2, 2), 1: (2, 2)})
-        b.progress({2: (2, 2), 3: (2, 2)})
-        b.close()  # node-b goes silent: its ranks become unobserved
-        end = time.monotonic() + 8
-        cmd = None
-        while cmd is None and time.monotonic() < end:
-            a.progress({0: (3, 2), 1: (3, 2)})
-            with contextlib.suppress(queue.Empty):
-                cmd = a.next_command(timeout=0.2)
-        assert cmd is not None, "no DUMP after node-b was lost"
+        a, cmd = _lose_node_b(stub)
         row = c.store.get_incident(cmd.incident_id)
         assert row is not None and row.trigger == "agent-lost"
         snap = c.registry.snapshot(JOB)
@@ -318,17 +325,7 @@ def test_dumps_that_arrive_after_the_verdict_are_analysed_in(
     c = start_coordinator(agent_lost_timeout=0.4, stall_timeout=1.0, dump_deadline=1.5)
     with grpc.insecure_channel(c.grpc_address) as ch:
         stub = rpc.CoordinatorStub(ch)
-        a, b = _agents(stub)
-        a.progress({0: (2, 2), 1: (2, 2)})
-        b.progress({2: (2, 2), 3: (2, 2)})
-        b.close()
-        end = time.monotonic() + 8
-        cmd = None
-        while cmd is None and time.monotonic() < end:
-            a.progress({0: (3, 2), 1: (3, 2)})
-            with contextlib.suppress(queue.Empty):
-                cmd = a.next_command(timeout=0.2)
-        assert cmd is not None, "no DUMP after node-b was lost"
+        a, cmd = _lose_node_b(stub)
         iid = cmd.incident_id
         for r in (0, 1):
             _bundle_rank(a, iid, r, 3, 2, 4)
