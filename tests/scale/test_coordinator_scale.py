@@ -19,6 +19,7 @@ import pytest
 
 from hangwatch import formats
 from hangwatch.safepickle import safe_loads
+from tests.helpers import wait_until
 from tests.support.simagents import (
     KINDS,
     OPS_PER_STEP,
@@ -133,9 +134,16 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
             inc = coord.wait_incident("scale-job", timeout=40)
             bundle = data_dir / "incidents" / inc["id"]
             lagging_full = bundle / f"rank_{LAGGING}" / f"{formats.FR_FILE_PREFIX}{LAGGING}"
-            end = time.monotonic() + 20
-            while two_phase and not lagging_full.is_file() and time.monotonic() < end:
-                time.sleep(0.2)
+            if two_phase:
+                # The agent records its full upload when the ack returns, after the
+                # coordinator has put the file in place: wait for both (measured:
+                # the file alone once left full_uploads empty).
+                wait_until(
+                    lambda: lagging_full.is_file() and bool(fleet.stats()["full_uploads"]),
+                    timeout=20,
+                    what="the lagging rank's full dump, stored and acknowledged",
+                    interval=0.2,
+                )
             stats = fleet.stats()
             # One incident, the hang's: none while the job ran healthy, none more
             # while it stays hung (the same promises on a fake clock, tick by
