@@ -26,6 +26,7 @@ def signature(rp: pb.RankProgress) -> tuple[Any, ...]:
     return (
         rp.state,
         rp.finished,
+        rp.in_compile,
         tuple(
             (
                 g.group,

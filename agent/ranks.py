@@ -119,6 +119,9 @@ class RankTracker:
     # "" = not looked for), and whether they were applied.
     final_status_path: str = ""
     final_status: bool = False
+    # Inside torch.compile at the last quiet-period stack sample (agent/quietstack.py).
+    in_compile: bool = False
+    stack_sampled_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         self.apply_info(self.info)
@@ -341,6 +344,7 @@ class RankTracker:
             status_at_ns=self.status_wall_ns,
             cpu_time_ns=self.cpu_time_ns,
             finished=self.finished,
+            in_compile=self.in_compile,
         )
 
     # --- entries ----------------------------------------------------------

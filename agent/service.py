@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from hangwatch.agent import collector, terminate, uploader
+from hangwatch.agent import collector, quietstack, terminate, uploader
 from hangwatch.agent.causes import causes_first
 from hangwatch.agent.client import Backoff, CoordinatorClient, StaleSession
 from hangwatch.agent.delta import DeltaReporter
@@ -202,6 +202,8 @@ class Agent:
 
     def _poll_one(self, t: RankTracker, now: float, entries_after: float) -> Any:
         res = poll_rank(t, now, entries_after)
+        if t.state == pb.PROCESS_STATE_RUNNING:
+            quietstack.sample(t, now)
         res.events.extend(read_hook_events(t, self.run_dir))
         return res
 

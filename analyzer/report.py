@@ -239,6 +239,9 @@ class StackState(StrEnum):
     P2P = "p2p"  # blocked in a send/recv (or a wait on one) in torch.distributed
     COLLECTIVE = "collective"  # inside another torch.distributed call
     DATA_LOADER = "data-loader"  # waiting on torch's DataLoader
+    # Inside torch.compile's compiler: compiling, or waiting on the compile
+    # cache's lock while another rank compiles (stacktext.TORCH_COMPILE_FILES).
+    COMPILE = "compile"
     COMPUTE = "compute"  # running Python (py-spy saw the thread active)
     SLEEPING = "sleeping"  # idle outside torch.distributed: sleep, a lock, an event, a queue
     PYTHON = "python"  # in Python code; the stack format cannot tell running from blocked

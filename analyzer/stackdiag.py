@@ -10,6 +10,8 @@ what every main thread is doing:
 * blocked in torch.distributed: a send/recv (`p2p`, with its peer when the
   stack names it) or another call (`collective`);
 * waiting on torch's DataLoader (`data-loader`);
+* inside torch.compile's compiler (`compile`): compiling, or waiting on the
+  compile cache's lock while another rank compiles;
 * outside torch.distributed: `compute` or `sleeping` where py-spy says
   whether the thread is active or idle, `python` where the format cannot say;
 * `gil-held` when the rank's Python handlers stopped answering (the agent
@@ -113,6 +115,8 @@ def classify(rank: int, meta: RankMeta) -> RankStack:
     user = next((f for f in t.frames if _DATA_LOADER not in f.path), t.frames[0])
     if any(_DATA_LOADER in f.path for f in t.frames):
         state = StackState.DATA_LOADER
+    elif t.in_torch_compile:
+        state = StackState.COMPILE
     elif gil:
         state = StackState.GIL_HELD
     elif t.status:
@@ -181,6 +185,7 @@ _STATE_WORDS: Final[dict[str, str]] = {
     StackState.P2P: "blocked in p2p send/recv",
     StackState.COLLECTIVE: "blocked in a collective",
     StackState.DATA_LOADER: "waiting on the data loader",
+    StackState.COMPILE: "inside torch.compile (compiling, or waiting on its cache lock)",
     StackState.COMPUTE: "computing in Python",
     StackState.SLEEPING: "idle (sleeping or waiting on a lock, event or queue)",
     StackState.PYTHON: "in Python code",

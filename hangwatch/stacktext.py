@@ -32,6 +32,26 @@ from typing import Final
 TORCH_DIST: Final = "torch/distributed/"
 TORCH_DIST_SERVERS: Final = ("torch/distributed/debug", "torch/distributed/elastic/")
 
+# torch.compile's compile-time modules: dynamo turning a frame into a graph,
+# inductor generating, building and tuning code (its C++ and Triton builds and
+# their probes), Triton's compiler. Compiled code that runs is not among them
+# (dynamo runs cached code from its C frame evaluation, inductor's output from
+# generated modules in its cache directory), so a main thread with one of these
+# frames is compiling, or waiting on the compile cache's file lock that another
+# rank holds while it compiles (measured, torch 2.13: `cpu_vec_isa.py`'s build
+# under `filelock`, 12.5 s for two of three ranks on one cold cache).
+TORCH_COMPILE_FILES: Final = (
+    "torch/_dynamo/convert_frame.py",
+    "torch/_inductor/compile_fx.py",
+    "torch/_inductor/codecache.py",
+    "torch/_inductor/async_compile.py",
+    "torch/_inductor/cpp_builder.py",
+    "torch/_inductor/cpu_vec_isa.py",
+    "torch/_inductor/select_algorithm.py",
+    "torch/_inductor/autotune_process.py",
+    "triton/compiler/",
+)
+
 FAULTHANDLER_FRAME: Final = re.compile(
     r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$'
 )
@@ -112,6 +132,14 @@ class Thread:
     @property
     def in_collective(self) -> bool:
         return any(f.in_dist for f in self.frames)
+
+    @property
+    def in_torch_compile(self) -> bool:
+        """Inside torch.compile's compiler (TORCH_COMPILE_FILES), not in a
+        collective it may make while compiling."""
+        return not self.in_collective and any(
+            m in f.path for f in self.frames for m in TORCH_COMPILE_FILES
+        )
 
 
 def parse_threads(text: str) -> list[Thread]:

@@ -135,9 +135,12 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     reason += f"; no progress for {first.stalled_for_s:.1f}s"
     if first.busy_ranks:
         # Deferred as work (stalls.busy_laggards): say why it took longer.
+        cpu = [r for r in first.busy_ranks if r not in first.compiling_ranks]
+        how = [f"ranks {format_ranks(cpu)} busy on a CPU"] if cpu else []
+        if first.compiling_ranks:
+            how.append(f"ranks {format_ranks(first.compiling_ranks)} inside torch.compile")
         reason += (
-            f", ranks {format_ranks(first.busy_ranks)} busy on a CPU all along, "
-            f"past the {first.timeout_s:.0f}s bound for busy ranks"
+            f", {' and '.join(how)} all along, past the {first.timeout_s:.0f}s bound for busy ranks"
         )
     return Trigger(
         kind=kind,
@@ -159,6 +162,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
                     "stalled_for_s": round(s.stalled_for_s, 3),
                     **({"ops_entered": s.ops_entered} if s.ops_entered else {}),
                     **({"busy_ranks": s.busy_ranks} if s.busy_ranks else {}),
+                    **({"compiling_ranks": s.compiling_ranks} if s.compiling_ranks else {}),
                 }
                 for s in stalls
             ],
@@ -180,6 +184,8 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
     stacks every rank's dump carries."""
     if quiet.rule == "bound":
         busy = f", ranks {format_ranks(quiet.busy_ranks)} busy" if quiet.busy_ranks else ""
+        if quiet.compiling_ranks:
+            busy += f" (ranks {format_ranks(quiet.compiling_ranks)} inside torch.compile)"
         who = f"ranks {format_ranks(quiet.idle_ranks)} idle{busy}"
         reason = (
             f"no progress for {quiet.quiet_for_s:.1f}s on any rank, past the "
@@ -207,6 +213,7 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
             "rule": quiet.rule,
             "idle_ranks": quiet.idle_ranks,
             "busy_ranks": quiet.busy_ranks,
+            "compiling_ranks": quiet.compiling_ranks,
         },
     )
 

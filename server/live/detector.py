@@ -171,10 +171,13 @@ class QuietRank:
     in_flight: bool = False  # inside a collective of some group, as far as its numbers tell
     # CPU cores it used lately (records.CpuWindow); None = unknown.
     cores: float | None = None
+    # Inside torch.compile while some rank of the job is busy on a CPU
+    # (stalls.working): waiting on that rank's compile, which is work.
+    compiling: bool = False
 
     @property
     def busy(self) -> bool:
-        return self.cores is not None and self.cores >= BUSY_CORES
+        return self.compiling or (self.cores is not None and self.cores >= BUSY_CORES)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -191,6 +194,7 @@ class JobQuiet:
     rule: str = "rhythm"
     idle_ranks: list[int] = field(default_factory=list)  # under BUSY_CORES, or unknown
     busy_ranks: list[int] = field(default_factory=list)
+    compiling_ranks: list[int] = field(default_factory=list)  # of busy_ranks: in torch.compile
 
 
 def quiet_threshold(stall_timeout: float, longest_gap_s: float) -> float:
@@ -234,4 +238,5 @@ def find_job_quiet(
         rule="rhythm" if by_rhythm else "bound",
         idle_ranks=idle,
         busy_ranks=busy,
+        compiling_ranks=sorted(r.rank for r in ranks if r.compiling),
     )

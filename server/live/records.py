@@ -103,6 +103,9 @@ class RankRecord:
     last_report: float | None = None
     groups: dict[str, RankGroupRecord] = field(default_factory=dict)
     cpu: CpuWindow = field(default_factory=CpuWindow)
+    # Inside torch.compile at its agent's last quiet-period stack sample
+    # (RankProgress.in_compile): working, while some rank of its job is busy.
+    in_compile: bool = False
 
 
 @dataclass

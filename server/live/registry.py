@@ -262,6 +262,7 @@ class JobRegistry:
                 r.fr_age_s = rp.fr_age_s
                 r.last_report = now
                 r.cpu.note(now, rp.cpu_time_ns, self.stall_timeout)
+                r.in_compile = rp.in_compile
                 for gp in rp.groups:
                     rg = r.groups.get(gp.group)
                     g = job.groups.get(gp.group)

@@ -97,13 +97,21 @@ def scan_stalls(
             timeout = stall_timeout
             if st.kind == StallKind.STALL and st.seq == 1:
                 timeout = max(stall_timeout, startup_grace)
-            busy = busy_laggards(st, {r.rank: r for r, _ in members}, job, stall_timeout)
+            records = {r.rank: r for r, _ in members}
+            busy = busy_laggards(st, records, job, stall_timeout)
+            compiling = [b for b in busy if not cpu_busy(records[b], stall_timeout)]
             if busy:
                 timeout = max(timeout, QUIET_BOUND_FACTOR * stall_timeout)
             over = st.stalled_for_s >= timeout
             if over or not over_timeout_only:
                 out.append(
-                    StalledGroup(**fields, over_timeout=over, busy_ranks=busy, timeout_s=timeout)
+                    StalledGroup(
+                        **fields,
+                        over_timeout=over,
+                        busy_ranks=busy,
+                        compiling_ranks=compiling,
+                        timeout_s=timeout,
+                    )
                 )
     return out
 
@@ -112,20 +120,37 @@ def busy_laggards(
     st: GroupStall, records: dict[int, RankRecord], job: JobRecord, stall_timeout: float
 ) -> list[int]:
     """The not-entered ranks of a stall when every one of them is observed,
-    alive (not stopped or gone) and busy on a CPU (at least BUSY_CORES over the
-    last half to one and a half stall timeouts); else none. One rank idle, or
-    its CPU unknown (an agent older than the field), and the stall is judged by
-    its timeout: only evidence of work defers a page."""
+    alive (not stopped or gone) and working (`working`); else none. One rank
+    idle, or its CPU unknown (an agent older than the field), and the stall is
+    judged by its timeout: only evidence of work defers a page."""
     if st.kind != StallKind.STALL or not st.not_entered_ranks:
         return []
+    anyone_busy = job_cpu_busy(job, stall_timeout)
     for rank in st.not_entered_ranks:
         r = records.get(rank)
         if r is None or not job.observed(r) or r.process_state in DEAD_STATES:
             return []
-        cores = r.cpu.cores(min_span_s=stall_timeout / 2)
-        if cores is None or cores < BUSY_CORES:
+        if not working(r, stall_timeout, anyone_busy):
             return []
     return list(st.not_entered_ranks)
+
+
+def cpu_busy(r: RankRecord, stall_timeout: float) -> bool:
+    """At least BUSY_CORES over the last half to one and a half stall timeouts."""
+    cores = r.cpu.cores(min_span_s=stall_timeout / 2)
+    return cores is not None and cores >= BUSY_CORES
+
+
+def job_cpu_busy(job: JobRecord, stall_timeout: float) -> bool:
+    return any(cpu_busy(r, stall_timeout) for r in job.ranks.values())
+
+
+def working(r: RankRecord, stall_timeout: float, anyone_busy: bool) -> bool:
+    """Busy on a CPU, or inside torch.compile (its agent's stack sample) while
+    some rank of the job is busy on a CPU: ranks that share a compile cache
+    wait, idle, on the one whose compile workers run. A compile with nobody
+    working anywhere is not excused: a compile can hang too."""
+    return cpu_busy(r, stall_timeout) or (r.in_compile and anyone_busy)
 
 
 def assumed_completed(
@@ -174,6 +199,7 @@ def scan_quiet(
             comp = assumed if rg.completion_unknown and assumed is not None else rg.last_completed
             if rg.last_enqueued > comp and not r.finished:
                 in_flight.add(r.rank)
+    anyone_busy = job_cpu_busy(job, stall_timeout)
     ranks = [
         QuietRank(
             rank=r.rank,
@@ -181,6 +207,7 @@ def scan_quiet(
             process_state=r.process_state,
             in_flight=r.rank in in_flight,
             cores=r.cpu.cores(min_span_s=stall_timeout / 2),
+            compiling=r.in_compile and anyone_busy,
         )
         for r in job.ranks.values()
     ]

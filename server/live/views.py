@@ -77,9 +77,11 @@ class StalledGroup:
     # A mismatch's ops at `seq`, each with the ranks that entered it.
     ops_entered: dict[str, list[int]] = field(default_factory=dict)
     over_timeout: bool = False  # True once stalled_for_s >= timeout_s
-    # The not-entered ranks, when every one is busy on a CPU (stalls.busy_laggards):
+    # The not-entered ranks, when every one is working (stalls.busy_laggards):
     # then timeout_s is QUIET_BOUND_FACTOR stall timeouts, not one.
     busy_ranks: list[int] = field(default_factory=list)
+    # Those of them counted as working for being inside torch.compile.
+    compiling_ranks: list[int] = field(default_factory=list)
     timeout_s: float = 0.0  # what stalled_for_s must reach to open an incident
 
 

@@ -124,9 +124,14 @@ class StalledState(BaseModel):
     over_timeout: bool
     busy_ranks: list[int] = Field(
         default_factory=list,
-        description="The not-entered ranks, when every one is busy on a CPU (an evaluation, a "
-        "checkpoint on one rank): the stall opens an incident only at timeout_s, three stall "
-        "timeouts.",
+        description="The not-entered ranks, when every one is working: busy on a CPU (an "
+        "evaluation, a checkpoint on one rank), or inside torch.compile while some rank of the "
+        "job is busy. The stall opens an incident only at timeout_s, three stall timeouts.",
+    )
+    compiling_ranks: list[int] = Field(
+        default_factory=list,
+        description="Those of busy_ranks counted as working for being inside torch.compile "
+        "(their agent's stack sample): waiting on a compile cache's lock, not on a peer.",
     )
     timeout_s: float = Field(
         0.0, description="What stalled_for_s must reach for the stall to open an incident."

@@ -6,6 +6,10 @@ Modes:
            the others block in the next all_reduce
   timeout  like hang, but the process group timeout is --pg-timeout seconds, so
            the waiting ranks raise a collective timeout that escapes to the top
+  compile  after --steps collectives, rank --culprit runs torch.compile, whose
+           backend waits on <run_dir>/compile.lock as inductor's builds wait on
+           its cache's lock; the others wait in the next all_reduce, which all
+           ranks finish once the lock is free; then all wait for the stop file
 Attach modes: call (hangwatch.attach()), thread (forced fallback endpoint), none.
 --backend hwstore: the default group and the pairs run on the asynchronous
 store backend that torch 2.15 records through FlightRecorderHook; the "head"
@@ -21,13 +25,27 @@ import sys
 import time
 
 
+def _lock_waiting_backend(lock_path: str):  # type: ignore[no-untyped-def]
+    """A torch.compile backend that first waits for a file lock, as inductor's
+    C++ and Triton builds wait for their cache's (torch.utils._filelock)."""
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        from torch.utils._filelock import FileLock
+
+        with FileLock(lock_path):
+            pass
+        return gm.forward
+
+    return backend
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--store", required=True)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--mode", default="healthy", choices=["healthy", "hang", "timeout"])
+    p.add_argument("--mode", default="healthy", choices=["healthy", "hang", "timeout", "compile"])
     p.add_argument("--attach", default="call", choices=["call", "thread", "none"])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--culprit", type=int, default=1)
@@ -71,6 +89,15 @@ def main() -> int:
         print(f"STATUS {hook.status()}", flush=True)
     print("READY", flush=True)
     stop = os.path.join(a.run_dir, "stop")
+    if a.mode == "compile":
+        if a.rank == a.culprit:
+            lock = os.path.join(a.run_dir, "compile.lock")
+            t = torch.compile(lambda x: x * 2, backend=_lock_waiting_backend(lock))(t)
+        dist.all_reduce(t)
+        print("COMPILED", flush=True)
+        while not os.path.exists(stop):
+            time.sleep(a.interval)
+        return 0
     if a.mode == "healthy" or a.rank == a.culprit:
         while not os.path.exists(stop):
             if a.mode == "healthy":

@@ -37,10 +37,24 @@ def _peer_meta(case: str, **extra: Any) -> RankMeta:
         ("compute", StackState.COMPUTE),
         ("data-loader", StackState.DATA_LOADER),
         ("p2p-rank0", StackState.P2P),
+        # Waiting on inductor's cache lock while another process compiles.
+        ("compile-lock", StackState.COMPILE),
+        # Compiled code running (dynamo's eval_frame on the stack), asleep: not a compile.
+        ("compiled-run", StackState.SLEEPING),
     ],
 )
 def test_each_real_state_is_classified(case: str, state: StackState) -> None:
     assert classify(0, _peer_meta(case)).state == state
+
+
+def test_a_collective_made_while_compiling_is_a_collective() -> None:
+    """dynamo can run collectives while it compiles (compiler collectives): a rank
+    blocked in one is blocked in communication, whatever called it."""
+    text = (STACKS / "compile-lock.txt").read_text()
+    inner = "    all_reduce (torch/distributed/distributed_c10d.py:2950)\n"
+    head, _, rest = text.partition("\n")
+    meta = RankMeta(rank=0, peer_stacks=f"{head}\n{inner}{rest}")
+    assert classify(0, meta).state == StackState.COLLECTIVE
 
 
 def test_the_peer_comes_from_the_recv_s_src_argument() -> None:

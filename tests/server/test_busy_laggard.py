@@ -21,18 +21,29 @@ SEQ = 5
 BUSY_BOUND = QUIET_BOUND_FACTOR * STALL
 
 
-def _seconds(env: Env, seconds: int, cores: dict[int, float], entered: bool = False) -> None:
-    """Heartbeats, one a second: ranks 0-2 inside collective SEQ, rank 3 not entered
-    (or, with `entered`, inside it too); each rank burns `cores` of CPU (0 if absent)."""
+def _seconds(
+    env: Env,
+    seconds: int,
+    cores: dict[int, float],
+    entered: bool = False,
+    *,
+    late: frozenset[int] = frozenset({3}),
+    in_compile: frozenset[int] = frozenset(),
+) -> None:
+    """Heartbeats, one a second: the `late` ranks not entered in collective SEQ
+    (or, with `entered`, inside it too), the others inside it; each rank burns
+    `cores` of CPU (0 if absent); `in_compile` as the agents' stack samples say."""
     cpu: dict[int, float] = env.__dict__.setdefault("cpu_s", {r: 1.0 for r in range(4)})
     for _ in range(seconds):
         env.clock.advance(1.0)
         for r in range(4):
             cpu[r] += cores.get(r, 0.0)
         ns = {r: int(cpu[r] * 1e9) for r in range(4)}
-        late = (SEQ, SEQ - 1) if entered else (SEQ - 1, SEQ - 1)
-        env.a.report({0: (SEQ, SEQ - 1), 1: (SEQ, SEQ - 1)}, cpu_ns=ns)
-        env.b.report({2: (SEQ, SEQ - 1), 3: late}, cpu_ns=ns)
+        seqs = {
+            r: (SEQ - 1, SEQ - 1) if r in late and not entered else (SEQ, SEQ - 1) for r in range(4)
+        }
+        env.a.report({r: seqs[r] for r in (0, 1)}, cpu_ns=ns, in_compile=in_compile)
+        env.b.report({r: seqs[r] for r in (2, 3)}, cpu_ns=ns, in_compile=in_compile)
         env.manager.tick()
 
 
@@ -89,3 +100,32 @@ def test_a_slow_evaluation_that_ends_raises_nothing(env: Env) -> None:
         env.manager.tick()
     assert env.store.list_incidents() == []
     assert env.registry.stalls(JOB) == []
+
+
+@pytest.mark.timeout(20)
+def test_a_laggard_waiting_on_a_peers_compile_is_work_until_the_bound(env: Env) -> None:
+    """Ranks 2 and 3 share a compile cache: rank 2 compiles (its compile workers
+    on a CPU), rank 3 waits, idle, on the cache's lock; its agent's stack sample
+    says torch.compile. Both are working: paged at the bound, not the stall timeout."""
+    late, compiling = frozenset({2, 3}), frozenset({3})
+    _seconds(env, int(BUSY_BOUND) - 1, {2: 1.0}, late=late, in_compile=compiling)
+    assert env.store.list_incidents() == []
+    [st] = env.registry.stalls(JOB)
+    assert (st.busy_ranks, st.compiling_ranks, st.timeout_s) == ([2, 3], [3], BUSY_BOUND)
+    _seconds(env, 1, {2: 1.0}, late=late, in_compile=compiling)
+    row = env.only_incident()
+    assert row.reason.endswith(
+        f"no progress for {BUSY_BOUND:.1f}s, ranks 2 busy on a CPU and ranks 3 inside "
+        f"torch.compile all along, past the {BUSY_BOUND:.0f}s bound for busy ranks"
+    ), row.reason
+
+
+@pytest.mark.timeout(20)
+def test_a_compile_with_nobody_working_is_paged_at_the_stall_timeout(env: Env) -> None:
+    """Every not-entered rank inside torch.compile, and no rank of the job on a
+    CPU: nobody is compiling for them, so the compile itself is hung."""
+    late = frozenset({2, 3})
+    _seconds(env, int(STALL), {}, late=late, in_compile=late)
+    row = env.only_incident()
+    assert "busy" not in row.reason and "compile" not in row.reason, row.reason
+    assert row.reason.endswith(f"no progress for {STALL:.1f}s"), row.reason

@@ -86,9 +86,11 @@ class Node:
         *,
         group: str = "0",
         cpu_ns: dict[int, int] | None = None,
+        in_compile: frozenset[int] = frozenset(),
     ) -> None:
         """seqs: rank -> (last_enqueued, last_completed) in `group`; cpu_ns: rank ->
-        its process's CPU time so far (absent: unknown, as from an older agent)."""
+        its process's CPU time so far (absent: unknown, as from an older agent);
+        in_compile: ranks the agent's last stack sample found inside torch.compile."""
         ranks = []
         for r, (enq, comp) in seqs.items():
             gp = pb.GroupProgress(group=group, last_enqueued=enq, last_completed=comp)
@@ -96,6 +98,7 @@ class Node:
                 gp.oldest_in_flight.CopyFrom(pb.InFlight(seq=comp + 1, op="all_reduce"))
             rp = pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
             rp.cpu_time_ns = (cpu_ns or {}).get(r, 0)
+            rp.in_compile = r in in_compile
             ranks.append(rp)
         self.send(ranks)
 

@@ -95,14 +95,22 @@ def test_a_job_whose_counters_never_moved_is_paged_at_the_bound_not_before(env: 
     )
 
 
-def _working(env: Env, seconds: int, seq: int, busy: set[int], cores: float = 1.0) -> None:
-    """Heartbeats with the same numbers; `busy` ranks burn `cores` of CPU meanwhile."""
+def _working(
+    env: Env,
+    seconds: int,
+    seq: int,
+    busy: set[int],
+    cores: float = 1.0,
+    in_compile: frozenset[int] = frozenset(),
+) -> None:
+    """Heartbeats with the same numbers; `busy` ranks burn `cores` of CPU meanwhile;
+    `in_compile` as the agents' stack samples say."""
     for _ in range(seconds):
         env.clock.advance(1.0)
         env.cpu_s = getattr(env, "cpu_s", 0.0) + cores
         cpu = {r: int((1.0 + (env.cpu_s if r in busy else 0.0)) * 1e9) for r in range(4)}
-        env.a.report({0: (seq, seq), 1: (seq, seq)}, cpu_ns=cpu)
-        env.b.report({2: (seq, seq), 3: (seq, seq)}, cpu_ns=cpu)
+        env.a.report({0: (seq, seq), 1: (seq, seq)}, cpu_ns=cpu, in_compile=in_compile)
+        env.b.report({2: (seq, seq), 3: (seq, seq)}, cpu_ns=cpu, in_compile=in_compile)
         env.manager.tick()
 
 
@@ -119,6 +127,22 @@ def test_a_job_that_works_on_every_rank_is_not_paged_however_long(env: Env) -> N
     _working(env, int(STALL), 0, everyone - {2})
     row = env.only_incident()
     assert "ranks 2 idle, ranks 0,1,3 busy" in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
+def test_ranks_waiting_on_a_shared_compile_are_work_while_it_runs(env: Env) -> None:
+    """One compile cache for the job: rank 0 compiles (on a CPU), ranks 1-3 wait,
+    idle, on its lock, their stacks inside torch.compile. Not paged past the
+    bound; once rank 0 goes idle too (a compile that hangs), nobody is working
+    and it is paged within a window, waiters counted idle."""
+    waiting = frozenset({1, 2, 3})
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(3 * BOUND), 0, {0}, in_compile=waiting)
+    assert env.store.list_incidents() == []
+    _working(env, int(2 * STALL), 0, set(), in_compile=waiting | {0})
+    row = env.only_incident()
+    assert "ranks 0-3 idle" in row.reason and "compile" not in row.reason, row.reason
 
 
 @pytest.mark.timeout(20)

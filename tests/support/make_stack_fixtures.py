@@ -9,6 +9,8 @@ written to DIR/<case>.txt. The p2p cases are the hang zoo's p2p scenario
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +38,28 @@ PROGRAMS = {
         "    print('ready', flush=True)\n"
         "    next(iter(DataLoader(Stuck(), num_workers=1)))\n"
     ),
+    # Compiled code running, not compiling: it sleeps in a graph break of a
+    # function torch.compile already compiled (dynamo's eval_frame on the stack,
+    # its convert_frame not).
+    "compiled-run": (
+        "import time, torch\n"
+        "@torch.compile(backend='eager')\n"
+        "def step(x):\n"
+        "    y = x * 2\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(3600)\n"
+        "    return y\n"
+        "step(torch.ones(2))\n"
+    ),
 }
+
+# Three processes compile the same model with one fresh inductor cache: the
+# ones that want a build another holds wait in filelock's poll (torch 2.13).
+COMPILE_RANK = (
+    "import os, sys, torch\n"
+    "m = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)], torch.nn.GELU())\n"
+    "torch.compile(m)(torch.randn(8, 64)).sum().backward()\n"
+)
 
 
 def pyspy_peer_stacks(pid: int) -> str:
@@ -72,12 +95,42 @@ def capture_p2p(out: Path) -> None:
             (out / f"p2p-rank{r}.txt").write_text(pyspy_peer_stacks(pid))
 
 
+def capture_compile_lock(out: Path, timeout_s: float = 120.0) -> None:
+    """The first py-spy dump of a process waiting in filelock under torch._inductor."""
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d) / "compile.py"
+        script.write_text(COMPILE_RANK)
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(d) / "cache")}
+        procs = [
+            subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL)
+            for _ in range(3)
+        ]
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                for p in procs:
+                    if p.poll() is not None:
+                        continue
+                    with contextlib.suppress(subprocess.CalledProcessError):
+                        text = pyspy_peer_stacks(p.pid)
+                        if "filelock" in text and "torch/_inductor/" in text:
+                            (out / "compile-lock.txt").write_text(text)
+                            return
+                time.sleep(0.2)
+            raise RuntimeError("no process was seen waiting on inductor's lock")
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     for name, code in PROGRAMS.items():
         capture_program(name, code, out)
     capture_p2p(out)
+    capture_compile_lock(out)
     return 0
 
 
