@@ -14,7 +14,13 @@ Started under `torchrun`. Environment:
   PIPE_STALL_HOW     "sleep" (time.sleep) or "spin" (pure-Python compute)
   PIPE_MARK_DIR      where the stalling rank writes `stalled` (unix time of the stall)
   PIPE_WARMUP_S      seconds every stage computes before its first step, no
-                     collective in between (a torch.compile; default 0)
+                     collective in between (default 0)
+  PIPE_COMPILE       "1": every stage runs its forward through torch.compile
+                     (inductor), compiled before its first step with no
+                     collective in between, all stages on one cache (a job's
+                     TORCHINDUCTOR_CACHE_DIR, else PIPE_MARK_DIR/inductor, new):
+                     they wait on each other's builds. Each writes
+                     `compiled_<rank>` (seconds it took) to PIPE_MARK_DIR
 """
 
 from __future__ import annotations
@@ -58,12 +64,21 @@ def main() -> int:
     torch.manual_seed(rank)
     w = torch.randn(WIDTH, WIDTH) / WIDTH
     stall("spin", float(os.environ.get("PIPE_WARMUP_S", "0")))
+    forward = stage_forward
+    mark = os.environ.get("PIPE_MARK_DIR")
+    if os.environ.get("PIPE_COMPILE") == "1":
+        if mark:
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(mark) / "inductor"))
+        t0 = time.monotonic()
+        forward = torch.compile(stage_forward)
+        forward(torch.randn(4, WIDTH), w)
+        if mark:
+            (Path(mark) / f"compiled_{rank}").write_text(f"{time.monotonic() - t0:.3f}")
     start = time.monotonic()
     stalled = False
     for step in range(steps):
         if rank == stall_rank and not stalled and time.monotonic() - start >= stall_after:
             stalled = True
-            mark = os.environ.get("PIPE_MARK_DIR")
             if mark:
                 (Path(mark) / "stalled").write_text(f"{time.time():.3f} {step}")
             stall(how, stall_for)
@@ -72,7 +87,7 @@ def main() -> int:
         else:
             x = torch.empty(4, WIDTH)
             dist.recv(x, src=rank - 1)
-        y = stage_forward(x, w)
+        y = forward(x, w)
         if rank < world - 1:
             dist.send(y, dst=rank + 1)
         if rank == world - 1:
