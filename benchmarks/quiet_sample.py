@@ -93,7 +93,7 @@ def main() -> int:
             p.wait()
             if p.stdout is not None:
                 p.stdout.close()
-    anchor_wall, anchor_cpu = rows[hook_protocol.STATUS]
+    anchor_cpu = rows[hook_protocol.STATUS][1]
     print("handler | wall ms (median) | rank CPU ms/call | CPU ratio to anchor")
     for handler, (wall, cpu) in rows.items():
         print(f"{handler} | {wall:.3f} | {cpu:.3f} | {cpu / anchor_cpu:.1f}x")
