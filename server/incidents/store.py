@@ -25,6 +25,12 @@ from typing import Any, Final
 
 from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ActionRecord
+from hangwatch.server.incidents.hosts import (
+    INCIDENTS_SHOWN,
+    CulpritHost,
+    HostHistory,
+    culprit_hosts,
+)
 
 from hangwatch.formats import TriggerKind
 
@@ -58,7 +64,9 @@ OPEN_STATUSES: Final = (IncidentStatus.COLLECTING, IncidentStatus.ANALYZED)
 # Incident ids name directories, so they are restricted to a safe alphabet.
 INCIDENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
-_SCHEMA_VERSION = 2
+# 3: culprit_hosts (node history across jobs), filled in from the stored
+# reports when a version-2 file is opened.
+_SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id      TEXT PRIMARY KEY,
@@ -87,6 +95,21 @@ CREATE INDEX IF NOT EXISTS incidents_status ON incidents (status);
 CREATE INDEX IF NOT EXISTS incidents_job_created ON incidents (job_id, created);
 CREATE INDEX IF NOT EXISTS incidents_created ON incidents (created);
 CREATE INDEX IF NOT EXISTS incidents_verdict ON incidents (verdict);
+"""
+# Per incident, the hosts that held its culprit ranks (server.incidents.hosts):
+# rewritten with the incident's verdict, in the same transaction.
+_CULPRIT_HOSTS = """
+CREATE TABLE IF NOT EXISTS culprit_hosts (
+    incident_id  TEXT NOT NULL REFERENCES incidents (id) ON DELETE CASCADE,
+    host         TEXT NOT NULL,
+    job_id       TEXT NOT NULL,
+    created      REAL NOT NULL,
+    ranks        TEXT NOT NULL,
+    gpus         TEXT NOT NULL DEFAULT '[]',
+    PRIMARY KEY (incident_id, host)
+);
+CREATE INDEX IF NOT EXISTS culprit_hosts_host_created ON culprit_hosts (host, created);
+CREATE INDEX IF NOT EXISTS culprit_hosts_created ON culprit_hosts (created);
 """
 # Columns added after version 1, added to older databases on open (ALTER TABLE
 # ADD COLUMN: existing rows get the default). Never removed or renamed.
@@ -224,11 +247,52 @@ class IncidentStore:
         for name, decl in _ADDED_COLUMNS:
             if name not in have:
                 self._db.execute(f"ALTER TABLE incidents ADD COLUMN {name} {decl}")
+        self._migrate_culprit_hosts()
         self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         self._closed = False
         # Called with the fresh row after every committed change of an
         # incident's status (server/integrations/notifications.py); a listener must not block.
         self.on_status_change: list[Callable[[IncidentRow], None]] = []
+
+    def _migrate_culprit_hosts(self) -> None:
+        """Create culprit_hosts; in a file that had none, fill it in from every
+        stored report, in one transaction (a crash leaves the file as it was)."""
+        had = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'culprit_hosts'"
+        ).fetchone()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _CULPRIT_HOSTS.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            n = 0
+            if had is None:
+                for r in self._db.execute(
+                    "SELECT id, report FROM incidents WHERE report IS NOT NULL"
+                ).fetchall():
+                    try:
+                        report = Report.from_dict(json.loads(r["report"]))
+                    except (ValueError, TypeError, KeyError) as e:
+                        log.warning("incident %s: stored report unreadable (%s)", r["id"], e)
+                        continue
+                    n += self._write_culprits(r["id"], culprit_hosts(report))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        if had is None and n:
+            log.info("%s: node history filled in from %d stored incidents", self.path, n)
+
+    def _write_culprits(self, incident_id: str, hosts: list[CulpritHost]) -> int:
+        """Replace the incident's culprit hosts; inside the caller's transaction."""
+        self._db.execute("DELETE FROM culprit_hosts WHERE incident_id = ?", (incident_id,))
+        for h in hosts:
+            self._db.execute(
+                "INSERT INTO culprit_hosts (incident_id, host, job_id, created, ranks, gpus) "
+                "SELECT id, ?, job_id, created, ?, ? FROM incidents WHERE id = ?",
+                (h.host, json.dumps(h.ranks), json.dumps(h.gpus), incident_id),
+            )
+        return 1 if hosts else 0
 
     @classmethod
     def in_dir(cls, data_dir: Path) -> IncidentStore:
@@ -318,6 +382,7 @@ class IncidentStore:
         """Store the analyzer's verdict; the incident becomes `analyzed`."""
         return self._update(
             incident_id,
+            culprits=culprit_hosts(report),
             status=IncidentStatus.ANALYZED,
             verdict=report.verdict,
             summary=report.summary,
@@ -332,6 +397,7 @@ class IncidentStore:
         changes; status, detection time and close state stay as they were."""
         return self._update(
             incident_id,
+            culprits=culprit_hosts(report),
             verdict=report.verdict,
             summary=report.summary,
             lagging_ranks=_ranks(report.lagging_ranks),
@@ -381,16 +447,27 @@ class IncidentStore:
         when = time.time() if closed_at is None else closed_at
         return self._update(incident_id, status=status, closed_at=when, close_reason=reason, **cols)
 
-    def _update(self, incident_id: str, **cols: Any) -> IncidentRow:
+    def _update(
+        self, incident_id: str, *, culprits: list[CulpritHost] | None = None, **cols: Any
+    ) -> IncidentRow:
+        """Set `cols`; with `culprits`, replace its culprit hosts in the same transaction."""
         cols["updated"] = time.time()
         assignments = ", ".join(f"{k} = ?" for k in cols)
         with self._lock:
-            cur = self._db.execute(
-                f"UPDATE incidents SET {assignments} WHERE id = ?",
-                (*cols.values(), incident_id),
-            )
-            if cur.rowcount != 1:
-                raise UnknownIncident(incident_id)
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    f"UPDATE incidents SET {assignments} WHERE id = ?",
+                    (*cols.values(), incident_id),
+                )
+                if cur.rowcount != 1:
+                    raise UnknownIncident(incident_id)
+                if culprits is not None:
+                    self._write_culprits(incident_id, culprits)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         row = self.get_incident(incident_id)
         assert row is not None
         if "status" in cols:
@@ -518,6 +595,44 @@ class IncidentStore:
             if r["job_id"] not in newest or r["created"] > newest[r["job_id"]][0]:
                 newest[r["job_id"]] = (r["created"], r["id"])
         return {job: iid for job, (_, iid) in newest.items()}
+
+    def host_history(
+        self, *, since: float | None = None, host: str | None = None, limit: int = 200
+    ) -> list[HostHistory]:
+        """Hosts that held an incident's culprits since `since` (unix seconds;
+        None: ever), most incidents first, then the most recent; `host` for one."""
+        where, args = ["created >= ?"], [since if since is not None else float("-inf")]
+        if host is not None:
+            where.append("host = ?")
+            args.append(host)
+        cond = " AND ".join(where)
+        with self._lock:
+            heads = self._db.execute(
+                "SELECT host, COUNT(*) AS n, COUNT(DISTINCT job_id) AS j, MIN(created) AS first, "
+                f"MAX(created) AS last FROM culprit_hosts WHERE {cond} GROUP BY host "
+                "ORDER BY n DESC, last DESC, host LIMIT ?",
+                (*args, max(0, int(limit))),
+            ).fetchall()
+            out = []
+            for h in heads:
+                rows = self._db.execute(
+                    "SELECT incident_id, job_id, gpus FROM culprit_hosts "
+                    "WHERE host = ? AND created >= ? ORDER BY created DESC, incident_id DESC",
+                    (h["host"], args[0]),
+                ).fetchall()
+                out.append(
+                    HostHistory(
+                        host=h["host"],
+                        incidents=h["n"],
+                        jobs=h["j"],
+                        first=h["first"],
+                        last=h["last"],
+                        incident_ids=[r["incident_id"] for r in rows[:INCIDENTS_SHOWN]],
+                        job_ids=sorted({r["job_id"] for r in rows}),
+                        gpus=sorted({g for r in rows for g in json.loads(r["gpus"])}),
+                    )
+                )
+        return out
 
     def journal_mode(self) -> str:
         with self._lock:
