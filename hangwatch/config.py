@@ -309,6 +309,31 @@ class RespondSection:
             [SERVER],
         ),
     )
+    exclude_repeat_offenders_only: bool = field(
+        default=False,
+        metadata=_opt(
+            "Run --exclude-command only for hosts that are repeat offenders once this"
+            " incident is counted (--repeat-offender-incidents); other hosts get a skipped"
+            " record saying so.",
+            [SERVER],
+        ),
+    )
+    repeat_offender_incidents: int = field(
+        default=3,
+        metadata=_opt(
+            "A host that held the culprit of this many incidents, of any jobs sharing this"
+            " store, within --repeat-offender-window is a repeat offender: /api/hosts,"
+            " /metrics and a host.repeat-offender webhook event say so.",
+            [SERVER],
+        ),
+    )
+    repeat_offender_window: float = field(
+        default=7 * 24 * 3600.0,
+        metadata=_opt(
+            "Seconds of incident history --repeat-offender-incidents counts over (default a week).",
+            [SERVER],
+        ),
+    )
 
     def exclude_argv(self) -> tuple[str, ...]:
         """--exclude-command split into words once; () when unset. Raises
@@ -455,6 +480,8 @@ class Config:
                 "dump_deadline",
                 "agent_lost_timeout",
                 "exclude_timeout",
+                "repeat_offender_incidents",
+                "repeat_offender_window",
             ),
             AGENT: ("poll_interval",),
             DEMO: ("stall_timeout", "poll_interval"),

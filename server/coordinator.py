@@ -20,6 +20,7 @@ from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ActionRecord
 from hangwatch.server.incidents.analysis import IsolatedAnalyzer
 from hangwatch.server.incidents.finalize import Analyze
+from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.manager import IncidentManager
 from hangwatch.server.incidents.store import IncidentRow, IncidentStore
 from hangwatch.server.ingest.service import CoordinatorService, TokenAuth
@@ -28,6 +29,7 @@ from hangwatch.server.integrations.actions import ActionPolicy, ActionRunner
 from hangwatch.server.integrations.gauges import LiveGauges
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.integrations.notifications import Notifier, dashboard_base
+from hangwatch.server.integrations.offenders import OffenderWatch
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
 from hangwatch.server.workers import Worker, Workers, executor_threads
@@ -103,6 +105,13 @@ class Coordinator:
         )
         if config.respond.notify_url:
             self.store.on_status_change.append(self.notifier.publish_incident)
+            watch = OffenderWatch(
+                self.store,
+                OffenderRule.from_config(config),
+                self.notifier.publish,
+                self.incident_url,
+            )
+            self.store.on_status_change.append(watch.on_status_change)
         self.registry = JobRegistry(
             agent_lost_timeout=config.detect.agent_lost_timeout,
             stall_timeout=config.detect.stall_timeout,

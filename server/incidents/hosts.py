@@ -6,7 +6,7 @@ stored, the store also records, per host, the culprit ranks it held
 (`culprit_hosts`), and answers per host over a window (`HostHistory`). A host
 with at least `threshold` such incidents in the window is a **repeat
 offender**: the API, `/metrics`, a webhook event and `--exclude-only-repeat-
-offenders` read that one rule (`is_repeat_offender`).
+offenders` read that one rule (`OffenderRule`).
 
 Only culprits count: the lagging ranks of a `hang` (a transient stall that
 cleared by itself included: it was a hang while it lasted) and the first rank
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hangwatch.analyzer.report import RankEvidence, Report
+
+from hangwatch.config import Config
 
 # Verdicts whose lagging ranks are culprits a host can be blamed for.
 CULPRIT_VERDICTS: Final = ("hang", "crash")
@@ -99,5 +101,29 @@ def culprit_hosts(report: Report) -> list[CulpritHost]:
     return [CulpritHost(host=h, ranks=rs, gpus=sorted(gpus[h])) for h, rs in sorted(ranks.items())]
 
 
-def is_repeat_offender(history: HostHistory, threshold: int) -> bool:
-    return history.incidents >= threshold
+@dataclass(frozen=True, kw_only=True)
+class OffenderRule:
+    """When a host is a repeat offender: `incidents` or more within `window_s`."""
+
+    incidents: int = 3
+    window_s: float = 7 * 24 * 3600.0
+
+    @classmethod
+    def from_config(cls, c: Config) -> OffenderRule:
+        return cls(
+            incidents=c.respond.repeat_offender_incidents,
+            window_s=c.respond.repeat_offender_window,
+        )
+
+    def since(self, now: float) -> float:
+        """Where the window starts, for `IncidentStore.host_history(since=...)`."""
+        return now - self.window_s
+
+    def applies(self, history: HostHistory) -> bool:
+        return history.incidents >= self.incidents
+
+    @property
+    def window_text(self) -> str:
+        """The window for people: "7 days", "90 s"."""
+        days = self.window_s / 86400
+        return f"{days:g} days" if days >= 1 else f"{self.window_s:g} s"

@@ -601,7 +601,9 @@ class IncidentStore:
     ) -> list[HostHistory]:
         """Hosts that held an incident's culprits since `since` (unix seconds;
         None: ever), most incidents first, then the most recent; `host` for one."""
-        where, args = ["created >= ?"], [since if since is not None else float("-inf")]
+        start = since if since is not None else float("-inf")
+        where: list[str] = ["created >= ?"]
+        args: list[Any] = [start]
         if host is not None:
             where.append("host = ?")
             args.append(host)
@@ -618,7 +620,7 @@ class IncidentStore:
                 rows = self._db.execute(
                     "SELECT incident_id, job_id, gpus FROM culprit_hosts "
                     "WHERE host = ? AND created >= ? ORDER BY created DESC, incident_id DESC",
-                    (h["host"], args[0]),
+                    (h["host"], start),
                 ).fetchall()
                 out.append(
                     HostHistory(

@@ -34,6 +34,7 @@ from typing import Final
 
 from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ABORT, EXCLUDE, ActionRecord, RankOutcome
+from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.store import IncidentRow, IncidentStatus, IncidentStore
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.commands import Command
@@ -82,6 +83,9 @@ class ActionPolicy:
     grace_s: float = 10.0
     exclude_argv: tuple[str, ...] = ()
     exclude_timeout_s: float = 30.0
+    # --exclude-repeat-offenders-only: exclude a host only once it is one.
+    offenders_only: bool = False
+    offender_rule: OffenderRule = field(default_factory=OffenderRule)
 
     @classmethod
     def from_config(cls, c: config.Config) -> ActionPolicy:
@@ -90,6 +94,8 @@ class ActionPolicy:
             grace_s=c.respond.abort_grace,
             exclude_argv=c.respond.exclude_argv(),
             exclude_timeout_s=c.respond.exclude_timeout,
+            offenders_only=c.respond.exclude_repeat_offenders_only,
+            offender_rule=OffenderRule.from_config(c),
         )
 
     @property
@@ -243,8 +249,27 @@ class ActionRunner:
             )
             return out
         for (node, host), ranks in sorted(nodes.items()):
+            why = self._not_an_offender(host)
+            if why:
+                out.append(_skipped(EXCLUDE, why))
+                continue
             out.append(self._exclude_one(incident_id, node, host, sorted(ranks)))
         return out
+
+    def _not_an_offender(self, host: str) -> str:
+        """Why `host` is not excluded under --exclude-repeat-offenders-only ("" if it is
+        to be): this incident's verdict is stored, so it is already counted."""
+        if not self.policy.offenders_only:
+            return ""
+        rule = self.policy.offender_rule
+        [h] = self.store.host_history(since=rule.since(time.time()), host=host) or [None]
+        if h is not None and rule.applies(h):
+            return ""
+        n = 0 if h is None else h.incidents
+        return (
+            f"{host} held the culprit of {n} incidents within the window; "
+            f"--exclude-repeat-offenders-only excludes a host from {rule.incidents}"
+        )
 
     def _exclude_one(
         self, incident_id: str, node: str, host: str, ranks: list[int]

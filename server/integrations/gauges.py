@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import StragglerMonitor
@@ -40,6 +41,7 @@ NAMES = (
     "hangwatch_agent_lost_timeout_seconds",
     "hangwatch_job_lateness_worst",
     "hangwatch_job_stragglers",
+    "hangwatch_repeat_offender_hosts",
 )
 
 
@@ -151,7 +153,17 @@ class LiveGauges(Collector):
         )
         for (verdict, state), n in sorted(self.store.count_by_verdict_status().items()):
             stored.add_metric([verdict, state], n)
-        yield from (open_, oldest, stored)
+        # A count, not a series per host: the label set must not grow with every
+        # host ever blamed. Which hosts: /api/hosts, and the webhook event.
+        rule = OffenderRule.from_config(self.config)
+        offenders = GaugeMetricFamily(
+            "hangwatch_repeat_offender_hosts",
+            "Hosts that held the culprit of at least --repeat-offender-incidents incidents"
+            " within --repeat-offender-window, over every job in this store.",
+        )
+        history = self.store.host_history(since=rule.since(now), limit=10_000)
+        offenders.add_metric([], sum(1 for h in history if rule.applies(h)))
+        yield from (open_, oldest, stored, offenders)
 
     def _stragglers(self) -> Iterator[Metric]:
         """Per job, its worst lateness score and how many stragglers it has (one

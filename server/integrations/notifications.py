@@ -7,7 +7,8 @@
 `text` is what a Slack-style incoming webhook shows. The events are
 `incident.opened`, `incident.analyzed`, `incident.resolved`, `incident.ended`
 and `incident.failed` (`EVENTS`); other parts of the coordinator publish
-their own with `Notifier.publish(event, item)`.
+their own with `Notifier.publish(event, item)`: `straggler`, `incident.action`,
+`host.repeat-offender` (server/integrations/offenders.py).
 
 Delivery never holds up detection or collection: `publish` only appends to a
 bounded queue per webhook (the oldest is dropped, and counted, when one is

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from hangwatch.server.app_state import ServerContext
+from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.store import IncidentRow
 from hangwatch.server.web import bundle, live, prom, schemas
 
@@ -236,6 +238,47 @@ def api_incident_trace(incident_id: str, request: Request) -> JSONResponse:
     return JSONResponse(
         doc, headers={"content-disposition": f'attachment; filename="{row.id}.trace.json"'}
     )
+
+
+def host_histories(
+    ctx: ServerContext, host: str | None = None, limit: int = 200
+) -> schemas.HostsOut:
+    rule = OffenderRule.from_config(ctx.config)
+    rows = ctx.store.host_history(since=rule.since(time.time()), host=host, limit=limit)
+    return schemas.HostsOut(
+        window_s=rule.window_s,
+        threshold=rule.incidents,
+        hosts=[
+            schemas.HostHistoryOut(**h.to_dict(), repeat_offender=rule.applies(h)) for h in rows
+        ],
+    )
+
+
+@router.get("/api/hosts", response_model=schemas.HostsOut, responses=UNAUTHORIZED)
+def api_hosts(
+    request: Request,
+    offenders: Annotated[bool, Query(description="Only repeat offenders.")] = False,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 200,
+) -> schemas.HostsOut:
+    """Hosts that held the culprit of an incident within --repeat-offender-window,
+    over every job in this store: node history across jobs."""
+    out = host_histories(ctx_of(request), limit=limit)
+    if offenders:
+        out.hosts = [h for h in out.hosts if h.repeat_offender]
+    return out
+
+
+@router.get(
+    "/api/hosts/{host}",
+    response_model=schemas.HostHistoryOut,
+    responses={**UNAUTHORIZED, 404: {"description": "Not a culprit within the window."}},
+)
+def api_host(host: str, request: Request) -> schemas.HostHistoryOut:
+    """One host's history as culprit within the window."""
+    out = host_histories(ctx_of(request), host=host, limit=1)
+    if not out.hosts:
+        raise HTTPException(404, f"host {host!r} held no culprit within the window")
+    return out.hosts[0]
 
 
 @router.get("/healthz", response_model=schemas.Health, tags=["probes"])

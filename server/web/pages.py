@@ -10,6 +10,7 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from hangwatch.analyzer.report import VERDICTS
+from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
@@ -44,6 +45,14 @@ def jobs_page(request: Request) -> HTMLResponse:
     jobs = live.job_summaries(ctx.registry, ctx.store)
     recent = ctx.store.list_incidents(limit=10)
     return render(request, "jobs.html", jobs=jobs, recent=recent)
+
+
+@router.get("/hosts", response_class=HTMLResponse)
+def hosts_page(request: Request) -> HTMLResponse:
+    ctx = api.ctx_of(request)
+    out = api.host_histories(ctx)
+    window = OffenderRule.from_config(ctx.config).window_text
+    return render(request, "hosts.html", out=out, window=window)
 
 
 @router.get("/jobs/{job}", response_class=HTMLResponse)

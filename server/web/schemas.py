@@ -268,3 +268,25 @@ class JobStragglersOut(BaseModel):
         "No stragglers.",
         description="What to say when `stragglers` is empty: why a rank that scores high is not one.",
     )
+
+
+class HostHistoryOut(BaseModel):
+    """One host's history as culprit across every job in this store (server.incidents.hosts)."""
+
+    host: str
+    incidents: int = Field(description="Incidents whose culprit ranks it held, in the window.")
+    jobs: int = Field(description="Distinct jobs among them.")
+    first: float = Field(description="Unix seconds of the oldest of them.")
+    last: float = Field(description="Unix seconds of the newest.")
+    incident_ids: list[str] = Field(description="Newest first, 20 at most.")
+    job_ids: list[str]
+    gpus: list[int] = Field(description="NVML indices of the culprit ranks' GPUs, where known.")
+    repeat_offender: bool = Field(
+        description="At least --repeat-offender-incidents incidents within the window."
+    )
+
+
+class HostsOut(BaseModel):
+    window_s: float = Field(description="--repeat-offender-window: how far back this counts.")
+    threshold: int = Field(description="--repeat-offender-incidents.")
+    hosts: list[HostHistoryOut] = Field(description="Most incidents first, then the newest.")

@@ -94,6 +94,21 @@ KNOWN_SETTINGS = {
     "abort_grace": ("respond", "--abort-grace", "HANGWATCH_ABORT_GRACE"),
     "exclude_command": ("respond", "--exclude-command", "HANGWATCH_EXCLUDE_COMMAND"),
     "exclude_timeout": ("respond", "--exclude-timeout", "HANGWATCH_EXCLUDE_TIMEOUT"),
+    "exclude_repeat_offenders_only": (
+        "respond",
+        "--exclude-repeat-offenders-only",
+        "HANGWATCH_EXCLUDE_REPEAT_OFFENDERS_ONLY",
+    ),
+    "repeat_offender_incidents": (
+        "respond",
+        "--repeat-offender-incidents",
+        "HANGWATCH_REPEAT_OFFENDER_INCIDENTS",
+    ),
+    "repeat_offender_window": (
+        "respond",
+        "--repeat-offender-window",
+        "HANGWATCH_REPEAT_OFFENDER_WINDOW",
+    ),
     "coordinator": ("agent", "--coordinator", "HANGWATCH_COORDINATOR"),
     "run_dir": ("agent", "--run-dir", "HANGWATCH_RUN_DIR"),
     "poll_interval": ("agent", "--poll-interval", "HANGWATCH_POLL_INTERVAL"),

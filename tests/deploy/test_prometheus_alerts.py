@@ -158,6 +158,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, token_file: Path) -> Iterat
         stall_timeout=0.3,
         dump_deadline=30.0,
         token_file=str(token_file),
+        # One incident makes its culprit's host a repeat offender, so the one
+        # hang below fires that rule too.
+        repeat_offender_incidents=1,
     )
     rt = ServerRuntime(conf, threading.Event())
     info = rt.start()
@@ -299,8 +302,24 @@ def test_a_hang_fires_the_hang_alert_in_a_real_prometheus(
                 "severity": "page",
             }, hang
             assert hang["annotations"]["summary"] == f"Job {JOB} is hung (hang)"
+
+            # The culprit's host is a repeat offender at a threshold of one.
+            def offender() -> tuple[bool, Any]:
+                seen = alerts(prom)
+                return any(
+                    x["labels"]["alertname"] == "HangwatchRepeatOffenderHost"
+                    and x["state"] == "firing"
+                    for x in seen
+                ), seen
+
+            seen = prom.wait("HangwatchRepeatOffenderHost to fire", offender)
+            (rep,) = (x for x in seen if x["labels"]["alertname"] == "HangwatchRepeatOffenderHost")
+            assert rep["annotations"]["summary"] == "1 host(s) keep holding the culprit of hangs"
             # Nothing else is pending or firing: the other rules stay quiet on a plain hang.
-            assert {x["labels"]["alertname"] for x in seen} == {"HangwatchHang"}, seen
+            assert {x["labels"]["alertname"] for x in seen} == {
+                "HangwatchHang",
+                "HangwatchRepeatOffenderHost",
+            }, seen
 
             # Every rule evaluates against the live coordinator without error.
             shipped = yaml.safe_load(RULES.read_text(encoding="utf-8"))

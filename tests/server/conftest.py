@@ -287,10 +287,10 @@ def gloo_dump(*, rank: int, last_enqueued: int, last_completed: int, group: str 
     return pickle.dumps(doc)
 
 
-def rank_meta(rank: int, world_size: int) -> bytes:
+def rank_meta(rank: int, world_size: int, host: str = "host") -> bytes:
     return formats.RankMeta(
         rank=rank,
-        host="host",
+        host=host,
         pid=10_000 + rank,
         process_state="running",
         reachable=True,
@@ -326,12 +326,15 @@ def wait_status(
         raise AssertionError(f"incident {incident_id}: {row}") from None
 
 
-def hang_rank_2(a: ProtocolAgent, b: ProtocolAgent, *, seq: int) -> str:
+def hang_rank_2(
+    a: ProtocolAgent, b: ProtocolAgent, *, seq: int, hosts: tuple[str, str] = ("host", "host")
+) -> str:
     """Node a (ranks 0,1) and node b (ranks 2,3), registered and watching: three
-    healthy steps, then rank 2 never enters collective `seq` while the others
-    wait in it. Waits for the DUMP, uploads every rank's dump and completes;
-    returns the incident id."""
-    for step in range(1, 4):
+    healthy steps before `seq`, then rank 2 never enters collective `seq` while
+    the others wait in it. Waits for the DUMP, uploads every rank's dump (its
+    meta naming host hosts[0] for node a's ranks, hosts[1] for node b's) and
+    completes; returns the incident id."""
+    for step in range(max(1, seq - 4), max(4, seq - 1)):
         a.progress({0: (step, step), 1: (step, step)})
         b.progress({2: (step, step), 3: (step, step)})
     stalled = {0: (seq, seq - 1), 1: (seq, seq - 1)}, {2: (seq - 1, seq - 1), 3: (seq, seq - 1)}
@@ -344,6 +347,7 @@ def hang_rank_2(a: ProtocolAgent, b: ProtocolAgent, *, seq: int) -> str:
         for r, (le, lc) in seqs.items():
             dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
             assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
-            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4)).complete
+            host = hosts[0] if ag is a else hosts[1]
+            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4, host)).complete
         assert ag.complete(iid, sorted(seqs))
     return iid

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hangwatch.analyzer.report import Report
+from hangwatch.analyzer.report import RankEvidence, Report
 from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.incidents.store import IncidentRow, IncidentStore
 from hangwatch.server.integrations import actions
@@ -72,8 +72,11 @@ def _wait_actions(store: IncidentStore, iid: str, n: int) -> IncidentRow:
     raise AssertionError(f"no {n} finished actions: {store.get_incident(iid)}")
 
 
-def _exclude_policy(log: Path, *extra: str, timeout: float = 20) -> actions.ActionPolicy:
+def _exclude_policy(
+    log: Path, *extra: str, timeout: float = 20, **settings: object
+) -> actions.ActionPolicy:
     cfg = config.Config.of(
+        **settings,
         exclude_command=" ".join(
             [
                 sys.executable,
@@ -120,6 +123,38 @@ def test_exclusion_runs_once_per_node_of_the_lagging_ranks_as_argv_words(
     assert row.actions[0].output == "cordoned gpu-a.example.org\n"
     assert row.actions[0].argv[0] == sys.executable
     assert [ev for ev, _ in published] == ["incident.action", "incident.action"]
+
+
+@pytest.mark.timeout(60)
+def test_only_repeat_offenders_are_excluded_when_asked(tmp_path: Path) -> None:
+    """--exclude-repeat-offenders-only with 2 incidents: the first hang on gpu-b
+    is recorded and skipped, saying why; the second makes it a repeat offender
+    (this incident counted) and the command runs for it."""
+    log = tmp_path / "argv.jsonl"
+    policy = _exclude_policy(log, exclude_repeat_offenders_only=True, repeat_offender_incidents=2)
+    runner, store, reg, first = _runner(tmp_path, policy, [])
+    _register(reg, "node-b", "gpu-b", [2, 3])
+    evidence = {2: RankEvidence(rank=2, host="gpu-b", pid=30_002)}
+    try:
+        for n, iid in enumerate((first, None)):
+            if iid is None:
+                iid = store.create_incident(
+                    job_id=JOB, reason="stall", trigger="stall", ranks_expected=[0, 1, 2, 3]
+                ).id
+            report = Report(verdict="hang", summary="t", lagging_ranks=[2], evidence=evidence)
+            store.finish_incident(iid, report=report, detection_s=1.0)
+            runner.on_analyzed(iid, JOB, reg.now(), report)
+            [rec] = _wait_actions(store, iid, 1).actions
+            if n == 0:
+                assert (rec.kind, rec.status) == ("exclude", "skipped")
+                assert "gpu-b held the culprit of 1 incidents" in rec.summary, rec.summary
+                assert not log.exists()
+            else:
+                assert (rec.kind, rec.status, rec.host) == ("exclude", "done", "gpu-b")
+    finally:
+        runner.close()
+    [line] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line["argv"][0] == "gpu-b"
 
 
 @pytest.mark.timeout(60)

@@ -8,13 +8,24 @@ verdict is stored, and an older file gets it filled in when opened.
 from __future__ import annotations
 
 import sqlite3
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from hangwatch.analyzer.report import RankEvidence, Report
-from hangwatch.server.incidents.hosts import culprit_hosts, is_repeat_offender
+from hangwatch.server.incidents.hosts import OffenderRule, culprit_hosts
 from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.integrations.offenders import EVENT
+
+from hangwatch.wire import rpc
+from tests.hardening.util import wait_for
+from tests.support.chaos import CoordinatorProc
+from tests.support.webhook import receiver
+
+from .conftest import ProtocolAgent, hang_rank_2
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-c"}
 
@@ -24,6 +35,11 @@ def _report(verdict: str, lagging: list[int], **gpu: Any) -> Report:
     if gpu:
         ev[lagging[0]] = RankEvidence(rank=lagging[0], host=HOSTS[lagging[0]], pid=7, gpu=gpu)
     return Report(verdict=verdict, summary="x", lagging_ranks=lagging, evidence=ev)  # type: ignore[arg-type]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
 
 
 def _incident(store: IncidentStore, job: str, t: float, report: Report) -> str:
@@ -52,7 +68,9 @@ def test_a_host_that_held_the_culprit_of_three_incidents_over_two_jobs_repeats(
     a = hist[0]
     assert a.incident_ids == [b1, a2, a1] and a.job_ids == ["job-a", "job-b"]
     assert (a.first, a.last) == (1000.0, 3000.0)
-    assert is_repeat_offender(a, 3) and not is_repeat_offender(hist[1], 3)
+    rule = OffenderRule(incidents=3, window_s=3600.0)
+    assert rule.applies(a) and not rule.applies(hist[1])
+    assert rule.since(5000.0) == 1400.0
     # A window leaves the older incidents out; one host asked for alone.
     [recent] = store.host_history(since=1500.0, host="node-a")
     assert (recent.incidents, recent.jobs, recent.incident_ids) == (2, 2, [b1, a2])
@@ -109,3 +127,83 @@ def test_a_file_of_the_previous_schema_gets_its_history_filled_in(tmp_path: Path
     # Reopening does not fill it in twice.
     store.close()
     assert IncidentStore(db).host_history()[0].incidents == 3
+
+
+@pytest.mark.timeout(120)
+def test_a_repeat_offender_across_two_jobs_is_in_the_api_the_page_the_metric_and_a_webhook(
+    tmp_path: Path,
+) -> None:
+    """A real `hangwatch server`, two jobs' agents speaking its gRPC protocol with
+    real FR dumps: rank 2 (on gpu-node-7) hangs job-1 twice and job-2 once, its
+    peers (on gpu-node-3) waiting. The third incident makes gpu-node-7 a repeat
+    offender: /api/hosts, the /hosts page, /metrics and one webhook event say
+    so; gpu-node-3, which only waited, appears nowhere."""
+    hosts = ("gpu-node-3", "gpu-node-7")
+    with (
+        receiver() as rx,
+        CoordinatorProc(
+            tmp_path / "data",
+            extra_args=("--notify-url", rx.url, "--repeat-offender-incidents", "3"),
+        ) as coord,
+        grpc.insecure_channel(coord.grpc) as ch,
+    ):
+        stub = rpc.CoordinatorStub(ch)
+        agents = {
+            job: (
+                ProtocolAgent(stub, job_id=job, agent_id=f"{job}-a", ranks=[0, 1], world_size=4),
+                ProtocolAgent(stub, job_id=job, agent_id=f"{job}-b", ranks=[2, 3], world_size=4),
+            )
+            for job in ("job-1", "job-2")
+        }
+        for a, b in agents.values():
+            for ag in (a, b):
+                ag.register()
+                ag.watch()
+        ids = []
+        for job, seq in (("job-1", 5), ("job-2", 5), ("job-1", 9)):
+            a, b = agents[job]
+            iid = hang_rank_2(a, b, seq=seq, hosts=hosts)
+            wait_for(
+                lambda i=iid: coord.api(f"/api/incidents/{i}")["status"] == "analyzed",
+                30,
+                "analysed",
+            )
+            ids.append(iid)
+            if len(ids) < 3:
+                assert coord.api("/api/hosts?offenders=true")["hosts"] == []
+            # The stall clears: the job trains on.
+            a.progress({0: (seq, seq), 1: (seq, seq)})
+            b.progress({2: (seq, seq), 3: (seq, seq)})
+            wait_for(
+                lambda i=iid: coord.api(f"/api/incidents/{i}")["status"] == "resolved",
+                30,
+                "resolved",
+            )
+
+        out = coord.api("/api/hosts")
+        assert (out["threshold"], out["window_s"]) == (3, 7 * 24 * 3600.0)
+        [h] = out["hosts"]
+        assert (h["host"], h["incidents"], h["jobs"], h["repeat_offender"]) == (
+            "gpu-node-7", 3, 2, True,
+        )  # fmt: skip
+        assert h["incident_ids"] == ids[::-1] and h["job_ids"] == ["job-1", "job-2"]
+        assert coord.api("/api/hosts/gpu-node-7")["incidents"] == 3
+        with pytest.raises(urllib.error.HTTPError) as e:
+            coord.api("/api/hosts/gpu-node-3")
+        e.value.close()  # the error holds the response open
+        assert e.value.code == 404
+
+        page = _get(coord.http + "/hosts")
+        assert 'data-host="gpu-node-7"' in page and "repeat offender" in page
+        assert "gpu-node-3" not in page
+        metrics = _get(coord.http + "/metrics")
+        assert "hangwatch_repeat_offender_hosts 1.0" in metrics
+
+        got = rx.wait(lambda r: any(x.body["event"] == EVENT for x in r), 10)
+        [event] = [x.body for x in got if x.body["event"] == EVENT]
+        assert event["incident"]["id"] == ids[2]
+        assert event["incident"]["host"]["host"] == "gpu-node-7"
+        assert event["text"].startswith("host gpu-node-7 held the culprit of 3 incidents in 2 jobs")
+        for a, b in agents.values():
+            a.close()
+            b.close()
