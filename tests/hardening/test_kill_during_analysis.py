@@ -1,0 +1,105 @@
+"""The fault matrix's "analysing" row: the coordinator SIGKILLed while it analyses.
+
+A real `hangwatch server`; two nodes' agents speak its gRPC protocol with real
+FR dumps (rank 2 never entered all_reduce #5). The coordinator's analyzer
+worker (its capped child process) is SIGSTOPped before the last dump arrives,
+so the analysis is in flight, every dump on disk and `incident.json` written,
+when the coordinator is SIGKILLed. Restarted on the same data directory, it
+finishes that one incident from what is on disk, before any agent is back:
+the verdict names rank 2, every file the nodes sent is there unchanged, and
+no second incident opens for the same hang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hangwatch.wire import rpc
+from tests.hardening.util import wait_for
+from tests.server.conftest import ProtocolAgent, hang_rank_2
+from tests.support.chaos import CoordinatorProc
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _rank_files(bundle: Path) -> dict[str, str]:
+    """Each file the agents uploaded (the rank directories), by its sha256."""
+    return {
+        str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(bundle.glob("rank_*/*"))
+    }
+
+
+def _analyzer_worker(coordinator_pid: int) -> int | None:
+    """The forkserver's child: the coordinator's one long-lived analyzer worker."""
+    for c in _children(coordinator_pid):
+        if "multiprocessing.forkserver" in _cmdline(c):
+            workers = _children(c)
+            return workers[0] if workers else None
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
+    tmp_path: Path,
+) -> None:
+    coord = CoordinatorProc(tmp_path / "data", stall_timeout=0.5, dump_deadline=60.0)
+    worker = None
+    with coord:
+        worker = wait_for(lambda: _analyzer_worker(coord.pid), 30, "the analyzer worker")
+        with grpc.insecure_channel(coord.grpc) as ch:
+            stub = rpc.CoordinatorStub(ch)
+            a = ProtocolAgent(stub, job_id="job", agent_id="node-a", ranks=[0, 1], world_size=4)
+            b = ProtocolAgent(stub, job_id="job", agent_id="node-b", ranks=[2, 3], world_size=4)
+            for ag in (a, b):
+                ag.register()
+                ag.watch()
+            os.kill(worker, signal.SIGSTOP)
+            iid = hang_rank_2(a, b, seq=5)
+            # Collection is over (incident.json written): the analysis is in flight.
+            doc = tmp_path / "data" / "incidents" / iid / "incident.json"
+            wait_for(lambda: doc.is_file(), 30, "incident.json")
+            assert coord.api(f"/api/incidents/{iid}")["status"] == "collecting"
+            a.close()
+            b.close()
+        coord.kill()
+        os.kill(worker, signal.SIGKILL)  # what is left of the killed one's analysis
+        bundle = tmp_path / "data" / "incidents" / iid
+        held = _rank_files(bundle)
+
+        coord.start()
+        # Every dump is on disk: the restarted coordinator analyses them at once,
+        # without waiting for the agents to come back.
+        row = wait_for(
+            lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
+            30,
+            "the recovered incident's verdict",
+        )
+        assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
+        assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
+        assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+        # What the nodes sent is all there, byte for byte.
+        assert _rank_files(bundle) == held and len(held) == 8
+        json.loads(doc.read_text())  # whole, not half-written
