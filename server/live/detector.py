@@ -172,7 +172,7 @@ class QuietRank:
     # CPU cores it used lately (records.CpuWindow); None = unknown.
     cores: float | None = None
     # Inside torch.compile while some rank of the job is busy on a CPU
-    # (stalls.working): waiting on that rank's compile, which is work.
+    # (stalls.busy_laggards): waiting on that rank's compile, which is work.
     compiling: bool = False
 
     @property

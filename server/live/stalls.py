@@ -120,17 +120,29 @@ def busy_laggards(
     st: GroupStall, records: dict[int, RankRecord], job: JobRecord, stall_timeout: float
 ) -> list[int]:
     """The not-entered ranks of a stall when every one of them is observed,
-    alive (not stopped or gone) and working (`working`); else none. One rank
-    idle, or its CPU unknown (an agent older than the field), and the stall is
-    judged by its timeout: only evidence of work defers a page."""
+    alive (not stopped or gone) and working: busy on a CPU, or inside
+    torch.compile (its agent's stack sample) while some rank of the job is busy
+    on a CPU (ranks that share a compile cache wait, idle, on the one whose
+    compile workers run; a compile with nobody working anywhere is not excused:
+    a compile can hang too). Else none: one rank idle, or its CPU unknown (an
+    agent older than the field), and the stall is judged by its timeout; only
+    evidence of work defers a page."""
     if st.kind != StallKind.STALL or not st.not_entered_ranks:
         return []
-    anyone_busy = job_cpu_busy(job, stall_timeout)
+    # Looked at (every rank of the job) only for a laggard that needs it: at
+    # 32,768 ranks a stall scan must not walk the job once per stalled group.
+    anyone_busy: bool | None = None
     for rank in st.not_entered_ranks:
         r = records.get(rank)
         if r is None or not job.observed(r) or r.process_state in DEAD_STATES:
             return []
-        if not working(r, stall_timeout, anyone_busy):
+        if cpu_busy(r, stall_timeout):
+            continue
+        if not r.in_compile:
+            return []
+        if anyone_busy is None:
+            anyone_busy = job_cpu_busy(job, stall_timeout)
+        if not anyone_busy:
             return []
     return list(st.not_entered_ranks)
 
@@ -143,14 +155,6 @@ def cpu_busy(r: RankRecord, stall_timeout: float) -> bool:
 
 def job_cpu_busy(job: JobRecord, stall_timeout: float) -> bool:
     return any(cpu_busy(r, stall_timeout) for r in job.ranks.values())
-
-
-def working(r: RankRecord, stall_timeout: float, anyone_busy: bool) -> bool:
-    """Busy on a CPU, or inside torch.compile (its agent's stack sample) while
-    some rank of the job is busy on a CPU: ranks that share a compile cache
-    wait, idle, on the one whose compile workers run. A compile with nobody
-    working anywhere is not excused: a compile can hang too."""
-    return cpu_busy(r, stall_timeout) or (r.in_compile and anyone_busy)
 
 
 def assumed_completed(
@@ -199,7 +203,7 @@ def scan_quiet(
             comp = assumed if rg.completion_unknown and assumed is not None else rg.last_completed
             if rg.last_enqueued > comp and not r.finished:
                 in_flight.add(r.rank)
-    anyone_busy = job_cpu_busy(job, stall_timeout)
+    anyone_busy = any(r.in_compile for r in job.ranks.values()) and job_cpu_busy(job, stall_timeout)
     ranks = [
         QuietRank(
             rank=r.rank,
