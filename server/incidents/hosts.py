@@ -120,6 +120,7 @@ class OffenderRule:
         return now - self.window_s
 
     def applies(self, history: HostHistory) -> bool:
+        # IncidentStore.count_hosts(min_incidents=self.incidents) counts the same.
         return history.incidents >= self.incidents
 
     @property

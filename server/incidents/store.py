@@ -636,6 +636,17 @@ class IncidentStore:
                 )
         return out
 
+    def count_hosts(self, *, since: float, min_incidents: int) -> int:
+        """Hosts with at least `min_incidents` culprit incidents since `since`:
+        one indexed scan, for a scrape (host_history reads each host's rows)."""
+        with self._lock:
+            r = self._db.execute(
+                "SELECT COUNT(*) FROM (SELECT host FROM culprit_hosts WHERE created >= ? "
+                "GROUP BY host HAVING COUNT(*) >= ?)",
+                (since, min_incidents),
+            ).fetchone()
+        return int(r[0])
+
     def journal_mode(self) -> str:
         with self._lock:
             return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])

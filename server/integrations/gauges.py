@@ -161,8 +161,9 @@ class LiveGauges(Collector):
             "Hosts that held the culprit of at least --repeat-offender-incidents incidents"
             " within --repeat-offender-window, over every job in this store.",
         )
-        history = self.store.host_history(since=rule.since(now), limit=10_000)
-        offenders.add_metric([], sum(1 for h in history if rule.applies(h)))
+        offenders.add_metric(
+            [], self.store.count_hosts(since=rule.since(now), min_incidents=rule.incidents)
+        )
         yield from (open_, oldest, stored, offenders)
 
     def _stragglers(self) -> Iterator[Metric]:

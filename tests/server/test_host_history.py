@@ -70,6 +70,10 @@ def test_a_host_that_held_the_culprit_of_three_incidents_over_two_jobs_repeats(
     assert (a.first, a.last) == (1000.0, 3000.0)
     rule = OffenderRule(incidents=3, window_s=3600.0)
     assert rule.applies(a) and not rule.applies(hist[1])
+    assert store.count_hosts(since=0.0, min_incidents=3) == 1
+    assert store.count_hosts(since=0.0, min_incidents=1) == 2
+    assert store.count_hosts(since=2500.0, min_incidents=1) == 2  # node-a 3000, node-b 3500
+    assert store.count_hosts(since=3200.0, min_incidents=1) == 1
     assert rule.since(5000.0) == 1400.0
     # A window leaves the older incidents out; one host asked for alone.
     [recent] = store.host_history(since=1500.0, host="node-a")
