@@ -60,5 +60,6 @@ class OffenderWatch:
             if h is None or h.incidents != self.rule.incidents:
                 continue
             item: Mapping[str, Any] = {**row.summary_fields(), "host": h.to_dict()}
-            log.warning("repeat offender: %s", offender_line(h, self.rule, self._link(row.id)))
-            self._publish(EVENT, item, text=offender_line(h, self.rule, self._link(row.id)))
+            line = offender_line(h, self.rule, self._link(row.id))
+            log.warning("repeat offender: %s", line)
+            self._publish(EVENT, item, text=line)
