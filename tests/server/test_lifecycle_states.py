@@ -111,6 +111,37 @@ def test_a_restarted_agent_is_not_progress(env: Env) -> None:
 
 
 @pytest.mark.timeout(20)
+def test_agents_restarted_as_the_hang_clears_resolve_it_with_the_ranks_own_numbers(
+    env: Env,
+) -> None:
+    """Fault matrix, resolving x agent restart: both agents are killed just as
+    rank 3 resumes and come back after #5 completed everywhere. The processes
+    are the same ones (pid and start time), so their counters past the stalled
+    collective are observed progress, not a baseline: the incident resolves on
+    those first reports, once, with rank 3 late. (Re-registered numbers that
+    did not move keep it open: test_a_restarted_agent_is_not_progress; a new
+    process's numbers are a baseline: test_a_restarted_job_is_a_new_baseline_not_progress_either.)"""
+    first = _open_stall(env)
+    _answer_all(env, first)
+    env.clock.advance(2)
+    for node in (env.a, env.b):
+        node.register()  # killed and restarted: a new session, the same processes
+    env.a.report({0: (6, 6), 1: (6, 6)})
+    env.b.report({2: (6, 6), 3: (6, 6)})
+    env.manager.tick()
+    row = env.only_incident()
+    assert row.status == "resolved" and row.late_ranks == [3], row.close_reason
+    assert row.stall_s == pytest.approx(STALL + 2)
+    # The job trains on: nothing more opens, the one incident stays resolved.
+    for step in (7, 8):
+        env.clock.advance(1)
+        env.a.report({0: (step, step), 1: (step, step)})
+        env.b.report({2: (step, step), 3: (step, step)})
+        env.manager.tick()
+    assert [r.status for r in env.store.list_incidents()] == ["resolved"]
+
+
+@pytest.mark.timeout(20)
 def test_an_agent_restarted_during_collection_is_asked_again(env: Env) -> None:
     """Fault matrix, collecting x agent restart: node b's agent took the DUMP
     and died before answering. The restarted agent (a new session, the same
