@@ -117,6 +117,18 @@ def test_dashboard_in_chromium(tmp_path: Path) -> None:
             assert nojs.locator("#summary").inner_text() == summary  # type: ignore[attr-defined]
             assert nojs.locator("svg.waitgraph").is_visible()  # type: ignore[attr-defined]
 
+            # The Hosts page, from the top bar: the culprit's host, one incident
+            # (under the 3 of a repeat offender), linking back to the incident.
+            page.click("nav a:text-is('Hosts')")  # type: ignore[attr-defined]
+            page.wait_for_url(f"{base}/hosts")  # type: ignore[attr-defined]
+            culprit = inc.report.evidence[inc.lagging_ranks[0]].host
+            host_row = page.locator(f'#hosts tr[data-host="{culprit}"]')  # type: ignore[attr-defined]
+            assert host_row.get_attribute("data-offender") == "false"
+            cells = host_row.locator("td").all_inner_texts()
+            assert (cells[0], cells[1]) == (culprit, "1"), cells
+            host_row.locator(f'a:text-is("{incident_id}")').click()
+            page.wait_for_url(f"{base}/incidents/{incident_id}")  # type: ignore[attr-defined]
+
             assert b.foreign_requests(base) == [], "the dashboard must not reach outside"
             assert b.page_errors == []
             assert b.console_errors == []  # CSP violations would show up here
