@@ -13,8 +13,6 @@ Started under `torchrun`. Environment:
   PIPE_STALL_FOR     how long it stalls (default: forever)
   PIPE_STALL_HOW     "sleep" (time.sleep) or "spin" (pure-Python compute)
   PIPE_MARK_DIR      where the stalling rank writes `stalled` (unix time of the stall)
-  PIPE_WARMUP_S      seconds every stage computes before its first step, no
-                     collective in between (default 0)
   PIPE_COMPILE       "1": every stage runs its forward through torch.compile
                      (inductor), compiled before its first step with no
                      collective in between, all stages on one cache (a job's
@@ -63,7 +61,6 @@ def main() -> int:
     how = os.environ.get("PIPE_STALL_HOW", "sleep")
     torch.manual_seed(rank)
     w = torch.randn(WIDTH, WIDTH) / WIDTH
-    stall("spin", float(os.environ.get("PIPE_WARMUP_S", "0")))
     forward = stage_forward
     mark = os.environ.get("PIPE_MARK_DIR")
     if os.environ.get("PIPE_COMPILE") == "1":
