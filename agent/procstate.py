@@ -77,14 +77,30 @@ def _children_cpu_ns(pid: int, budget: int) -> int:
     return total
 
 
+# Threads of one process whose children are read: bounds a poll's cost for a
+# process with very many threads (a real rank has tens).
+MAX_THREADS = 512
+
+
 def _children(pid: int) -> list[int]:
-    # Children of the main thread (CONFIG_PROC_CHILDREN): where torch.compile's
-    # worker pool and DataLoader workers are started from.
+    """Children of every thread of `pid` (CONFIG_PROC_CHILDREN lists a child
+    under the thread that started it). Not the main thread's alone: inductor's
+    compile workers are started from a pool thread of its compile sidecar, and
+    measured with the main thread's list only, a compiling rank read idle for
+    seconds while its workers ran, then its CPU came back in a burst when they
+    were reaped."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return []
+    out: list[int] = []
+    for tid in tids[:MAX_THREADS]:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def state_name(state: int) -> str:

@@ -106,10 +106,10 @@ class Coordinator:
         if config.respond.notify_url:
             self.store.on_status_change.append(self.notifier.publish_incident)
             watch = OffenderWatch(
-                self.store,
-                OffenderRule.from_config(config),
-                self.notifier.publish,
-                self.incident_url,
+                store=self.store,
+                rule=OffenderRule.from_config(config),
+                publish=self.notifier.publish,
+                link=self.incident_url,
             )
             self.store.on_status_change.append(watch.on_status_change)
         self.registry = JobRegistry(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hangwatch.server.incidents.hosts import HostHistory, OffenderRule, culprit_hosts
@@ -36,30 +37,25 @@ def offender_line(h: HostHistory, rule: OffenderRule, link: str) -> str:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
 class OffenderWatch:
-    def __init__(
-        self,
-        store: IncidentStore,
-        rule: OffenderRule,
-        publish: Publish,
-        link: Callable[[str], str],
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.rule = rule
-        self._publish = publish
-        self._link = link
-        self._clock = clock
+    """The store's status listener that publishes EVENT (`link`: an incident's page)."""
+
+    store: IncidentStore
+    rule: OffenderRule
+    publish: Publish
+    link: Callable[[str], str]
+    clock: Callable[[], float] = time.time
 
     def on_status_change(self, row: IncidentRow) -> None:
         if row.status != IncidentStatus.ANALYZED or row.report is None:
             return
-        since = self.rule.since(self._clock())
+        since = self.rule.since(self.clock())
         for c in culprit_hosts(row.report):
             [h] = self.store.host_history(since=since, host=c.host) or [None]
             if h is None or h.incidents != self.rule.incidents:
                 continue
             item: Mapping[str, Any] = {**row.summary_fields(), "host": h.to_dict()}
-            line = offender_line(h, self.rule, self._link(row.id))
+            line = offender_line(h, self.rule, self.link(row.id))
             log.warning("repeat offender: %s", line)
-            self._publish(EVENT, item, text=line)
+            self.publish(EVENT, item, text=line)

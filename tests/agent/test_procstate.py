@@ -27,6 +27,19 @@ PARENT_OF = (
 )
 
 
+# The same, the child started from a thread of the rank that lives on (a pool
+# thread, as inductor's compile sidecar starts its workers): the kernel lists
+# it under that thread, not the main one, for as long as the thread lives.
+THREAD_PARENT_OF = (
+    "import subprocess, sys, threading, time\n"
+    "def pool_thread():\n"
+    "    subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+    "    time.sleep(30)\n"
+    "threading.Thread(target=pool_thread, daemon=True).start()\n"
+    "time.sleep(30)\n"
+)
+
+
 def _cpu_after(code: str, seconds: float, *args: str) -> tuple[int, int, int]:
     """(state, CPU ns at start, CPU ns `seconds` later) of a child running `code`."""
     # Its own session: the processes it starts are killed with it.
@@ -58,6 +71,11 @@ def test_a_process_waiting_on_its_working_children_is_busy() -> None:
     _, a, b = _cpu_after(PARENT_OF, 1.0, SPIN)
     assert (b - a) / 1e9 >= 0.25, (a, b)
     _, a, b = _cpu_after(PARENT_OF, 1.0, PARENT_OF, SPIN)
+    assert (b - a) / 1e9 >= 0.25, (a, b)
+    # A child a pool thread started, and that one's own child started the same way.
+    _, a, b = _cpu_after(THREAD_PARENT_OF, 1.0, SPIN)
+    assert (b - a) / 1e9 >= 0.25, (a, b)
+    _, a, b = _cpu_after(PARENT_OF, 1.0, THREAD_PARENT_OF, SPIN)
     assert (b - a) / 1e9 >= 0.25, (a, b)
     # Children that wait are no work either.
     _, a, b = _cpu_after(PARENT_OF, 1.0, SLEEP)

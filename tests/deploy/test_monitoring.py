@@ -26,7 +26,7 @@ from hangwatch.server.runtime import ServerRuntime
 from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.wire import rpc
-from tests.server.conftest import ProtocolAgent, make_config
+from tests.server.conftest import make_config, two_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "hangwatch-rules.yml"
@@ -46,12 +46,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
     info = rt.start()
     try:
         with grpc.insecure_channel(info.grpc) as ch:
-            stub = rpc.CoordinatorStub(ch)
-            a = ProtocolAgent(stub, job_id="mon", agent_id="a", ranks=[0, 1], world_size=4)
-            b = ProtocolAgent(stub, job_id="mon", agent_id="b", ranks=[2, 3], world_size=4)
-            for ag in (a, b):
-                ag.register()
-                ag.watch()
+            a, b = two_nodes(rpc.CoordinatorStub(ch), "mon", ("a", "b"))
             a.progress({0: (3, 2), 1: (3, 2)})
             b.progress({2: (2, 2), 3: (3, 2)})
             assert a.next_command(timeout=10).incident_id  # the stall opened an incident

@@ -38,7 +38,7 @@ from hangwatch.server.runtime import ServerRuntime
 from hangwatch.formats import ServerInfo
 from hangwatch.wire import rpc
 from tests.deploy.conftest import require_tool
-from tests.server.conftest import ProtocolAgent, hang_rank_2, make_config
+from tests.server.conftest import hang_rank_2, make_config, two_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "deploy" / "prometheus"
@@ -276,12 +276,8 @@ def test_a_hang_fires_the_hang_alert_in_a_real_prometheus(
 
     with grpc.insecure_channel(server.grpc) as raw:
         stub = rpc.CoordinatorStub(bearer(raw, TOKEN))
-        a = ProtocolAgent(stub, job_id=JOB, agent_id="node-a", ranks=[0, 1], world_size=4)
-        b = ProtocolAgent(stub, job_id=JOB, agent_id="node-b", ranks=[2, 3], world_size=4)
+        a, b = two_nodes(stub, JOB)
         try:
-            for ag in (a, b):
-                ag.register()
-                ag.watch()
             # Rank 2 never enters collective 4; the others wait in it.
             hang_rank_2(a, b, seq=4)
 

@@ -23,7 +23,7 @@ import pytest
 
 from hangwatch.wire import rpc
 from tests.hardening.util import wait_for
-from tests.server.conftest import ProtocolAgent, hang_rank_2
+from tests.server.conftest import hang_rank_2, two_nodes
 from tests.support.chaos import CoordinatorProc
 
 
@@ -70,12 +70,7 @@ def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
     with coord:
         worker = wait_for(lambda: _analyzer_worker(coord.pid), 30, "the analyzer worker")
         with grpc.insecure_channel(coord.grpc) as ch:
-            stub = rpc.CoordinatorStub(ch)
-            a = ProtocolAgent(stub, job_id="job", agent_id="node-a", ranks=[0, 1], world_size=4)
-            b = ProtocolAgent(stub, job_id="job", agent_id="node-b", ranks=[2, 3], world_size=4)
-            for ag in (a, b):
-                ag.register()
-                ag.watch()
+            a, b = two_nodes(rpc.CoordinatorStub(ch), "job")
             os.kill(worker, signal.SIGSTOP)
             iid = hang_rank_2(a, b, seq=5)
             # Collection is over (incident.json written): the analysis is in flight.

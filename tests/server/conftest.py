@@ -326,6 +326,19 @@ def wait_status(
         raise AssertionError(f"incident {incident_id}: {row}") from None
 
 
+def two_nodes(
+    stub: rpc.CoordinatorStub, job_id: str, names: tuple[str, str] = ("node-a", "node-b")
+) -> tuple[ProtocolAgent, ProtocolAgent]:
+    """Node a with ranks 0,1 and node b with ranks 2,3 of a 4-rank job, both
+    registered and watching for commands."""
+    a = ProtocolAgent(stub, job_id=job_id, agent_id=names[0], ranks=[0, 1], world_size=4)
+    b = ProtocolAgent(stub, job_id=job_id, agent_id=names[1], ranks=[2, 3], world_size=4)
+    for ag in (a, b):
+        ag.register()
+        ag.watch()
+    return a, b
+
+
 def hang_rank_2(
     a: ProtocolAgent, b: ProtocolAgent, *, seq: int, hosts: tuple[str, str] = ("host", "host")
 ) -> str:

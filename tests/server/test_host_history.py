@@ -25,7 +25,7 @@ from tests.hardening.util import wait_for
 from tests.support.chaos import CoordinatorProc
 from tests.support.webhook import receiver
 
-from .conftest import ProtocolAgent, hang_rank_2
+from .conftest import hang_rank_2, two_nodes
 
 HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-c"}
 
@@ -152,17 +152,7 @@ def test_a_repeat_offender_across_two_jobs_is_in_the_api_the_page_the_metric_and
         grpc.insecure_channel(coord.grpc) as ch,
     ):
         stub = rpc.CoordinatorStub(ch)
-        agents = {
-            job: (
-                ProtocolAgent(stub, job_id=job, agent_id=f"{job}-a", ranks=[0, 1], world_size=4),
-                ProtocolAgent(stub, job_id=job, agent_id=f"{job}-b", ranks=[2, 3], world_size=4),
-            )
-            for job in ("job-1", "job-2")
-        }
-        for a, b in agents.values():
-            for ag in (a, b):
-                ag.register()
-                ag.watch()
+        agents = {job: two_nodes(stub, job, (f"{job}-a", f"{job}-b")) for job in ("job-1", "job-2")}
         ids = []
         for job, seq in (("job-1", 5), ("job-2", 5), ("job-1", 9)):
             a, b = agents[job]

@@ -28,7 +28,7 @@ from hangwatch.config import env_var
 from hangwatch.wire import rpc
 from tests.support.webhook import closed_port_url, receiver
 
-from .conftest import ProtocolAgent, hang_rank_2, wait_status
+from .conftest import hang_rank_2, two_nodes, wait_status
 
 FAST = Policy(timeout_s=2.0, attempts=4, backoff_s=0.05, backoff_max_s=0.2, drain_s=1.0)
 
@@ -200,11 +200,7 @@ def test_target_names_a_webhook_without_its_secrets() -> None:
 
 def hang_then_resume(c: Coordinator, stub: rpc.CoordinatorStub) -> str:
     """Rank 2 skips collective 5 of a 4-rank job; dumps are uploaded; then it catches up."""
-    a = ProtocolAgent(stub, job_id="job-1", agent_id="node-a", ranks=[0, 1], world_size=4)
-    b = ProtocolAgent(stub, job_id="job-1", agent_id="node-b", ranks=[2, 3], world_size=4)
-    for ag in (a, b):
-        ag.register()
-        ag.watch()
+    a, b = two_nodes(stub, "job-1")
     iid = hang_rank_2(a, b, seq=5)
     wait_status(c, iid, "analyzed")
     a.progress({0: (5, 5), 1: (5, 5)})
