@@ -84,11 +84,11 @@ MAX_THREADS = 512
 
 def _children(pid: int) -> list[int]:
     """Children of every thread of `pid` (CONFIG_PROC_CHILDREN lists a child
-    under the thread that started it). Not the main thread's alone: inductor's
-    compile workers are started from a pool thread of its compile sidecar, and
-    measured with the main thread's list only, a compiling rank read idle for
-    seconds while its workers ran, then its CPU came back in a burst when they
-    were reaped."""
+    under the thread that started it, while that thread lives). Not the main
+    thread's alone: measured during a real inductor compile with the main
+    thread's list only, the compiling rank read near 0 cores for seconds, then
+    its CPU came back in one burst as its compilers were reaped; with every
+    thread's list it reads about one core throughout."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
