@@ -43,7 +43,11 @@ TIMEOUT_S: Final = 0.5
 
 def sample(t: RankTracker, now: float) -> None:
     """Refresh `t.in_compile` from the rank's stacks when it is due; never raises."""
-    quiet_since = max((g.changed_at() for g in t.groups.values()), default=0.0)
+    # Never at discovery: a rank found as it leaves (a short job's end) would be
+    # asked for its stacks while its interpreter finalizes, and measured on
+    # torch 2.15 such a request aborted the rank ("terminate called without an
+    # active exception", exit -6).
+    quiet_since = max((g.changed_at() for g in t.groups.values()), default=t.found_at)
     if now - quiet_since < QUIET_AFTER_S:
         t.in_compile = False  # it moved: whatever it compiled is done
         return

@@ -122,6 +122,9 @@ class RankTracker:
     # Inside torch.compile at the last quiet-period stack sample (agent/quietstack.py).
     in_compile: bool = False
     stack_sampled_at: float = float("-inf")
+    # When this agent found the rank (monotonic): a rank with no group yet is
+    # quiet since then, not since forever.
+    found_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.apply_info(self.info)
