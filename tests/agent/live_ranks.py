@@ -52,6 +52,24 @@ class Job:
             out[int(info["rank"])] = info
         return out
 
+    def trackers(self) -> dict[int, Any]:
+        """A fresh agent-side `RankTracker` per rank, from the rank-info files the hook wrote."""
+        from hangwatch.agent.ranks import RankTracker
+
+        from hangwatch import hook_protocol
+        from hangwatch.formats import RankInfo
+
+        run = str(self.run_dir)
+        return {
+            rank: RankTracker(
+                info=RankInfo.from_json(info),
+                rankinfo_path=hook_protocol.rankinfo_path(run, info["pid"]),
+                rankinfo_mtime=0,
+                final_status_path=hook_protocol.final_status_path(run, info["pid"]),
+            )
+            for rank, info in self.rankinfo().items()
+        }
+
     def pid(self, rank: int) -> int:
         return self.procs[rank].pid
 

@@ -17,28 +17,18 @@ from typing import Any
 
 import pytest
 from hangwatch.agent import collector, endpoint
-from hangwatch.agent.ranks import RankTracker, poll_rank
+from hangwatch.agent.ranks import poll_rank
 from hangwatch.agent.service import Agent
 from hangwatch.analyzer.parse import parse_dump_bytes
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import Config
-from hangwatch.formats import RankInfo, RankMeta
+from hangwatch.formats import RankMeta
 from hangwatch.safepickle import safe_loads
 from hangwatch.wire import pb
 from tests.agent.live_ranks import PYSPY, Job, socket_of
 
 pytestmark = pytest.mark.torch
-
-
-def _trackers(job: Job) -> dict[int, RankTracker]:
-    out = {}
-    for rank, info in job.rankinfo().items():
-        path = str(job.run_dir / "hook" / f"{info['pid']}.json")
-        out[rank] = RankTracker(
-            info=RankInfo.from_json(info), rankinfo_path=path, rankinfo_mtime=0.0
-        )
-    return out
 
 
 @pytest.mark.timeout(60)
@@ -89,7 +79,7 @@ def test_status_handler_is_status_only_and_pickle_is_torchs(hang_job: Job) -> No
 
 @pytest.mark.timeout(60)
 def test_poll_reports_the_stall_with_agent_clock_ages(hang_job: Job) -> None:
-    trackers = _trackers(hang_job)
+    trackers = hang_job.trackers()
     t0 = time.monotonic()
     first = {r: poll_rank(t, t0, entries_after_s=0.3) for r, t in trackers.items()}
     assert all(not res.events for res in first.values())
@@ -127,7 +117,7 @@ def test_poll_reports_the_stall_with_agent_clock_ages(hang_job: Job) -> None:
 
 @pytest.mark.timeout(60)
 def test_collect_bundle_with_a_frozen_rank(hang_job: Job, tmp_path: Path) -> None:
-    trackers = _trackers(hang_job)
+    trackers = hang_job.trackers()
     hang_job.sigstop(1)
     try:
         res = poll_rank(trackers[1], time.monotonic(), entries_after_s=1.0)

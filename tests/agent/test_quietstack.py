@@ -18,20 +18,9 @@ from hangwatch.agent.delta import signature
 from hangwatch.agent.ranks import GroupState, RankTracker, poll_rank
 
 from hangwatch.formats import RankInfo
-from tests.agent.live_ranks import Job, start_job
+from tests.agent.live_ranks import start_job
 
 pytestmark = pytest.mark.torch
-
-
-def _trackers(job: Job) -> dict[int, RankTracker]:
-    return {
-        rank: RankTracker(
-            info=RankInfo.from_json(info),
-            rankinfo_path=str(job.run_dir / "hook" / f"{info['pid']}.json"),
-            rankinfo_mtime=0.0,
-        )
-        for rank, info in job.rankinfo().items()
-    }
 
 
 def _poll(ts: dict[int, RankTracker], now: float) -> None:
@@ -50,7 +39,7 @@ def test_a_rank_waiting_on_a_compile_lock_is_in_compile_and_its_blocked_peer_is_
     job = start_job(tmp_path, mode="compile")
     try:
         job.wait_ready()
-        ts = _trackers(job)
+        ts = job.trackers()
         start = time.monotonic()
         _poll(ts, start)
         # Each round is one resample period later on the poller's clock, so

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from hangwatch.agent import collector, endpoint
-from hangwatch.agent.ranks import RankTracker, poll_rank
+from hangwatch.agent.ranks import poll_rank
 from hangwatch.analyzer import analyze_path
 from helpers import skip_unless_backend
 
 from hangwatch import env, formats, hook, hook_protocol
-from hangwatch.formats import RankInfo
 from hangwatch.testing.scenarios import get_scenario
 from tests.agent.live_ranks import Job, socket_of, start_job
 
@@ -135,19 +134,6 @@ def hooked_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     yield from _hang_job(tmp_path_factory, "hwstore")
 
 
-def _trackers(job: Job) -> dict[int, RankTracker]:
-    out = {}
-    for rank, info in job.rankinfo().items():
-        path = hook_protocol.rankinfo_path(str(job.run_dir), info["pid"])
-        out[rank] = RankTracker(
-            info=RankInfo.from_json(info),
-            rankinfo_path=path,
-            rankinfo_mtime=0,
-            final_status_path=hook_protocol.final_status_path(str(job.run_dir), info["pid"]),
-        )
-    return out
-
-
 @pytest.mark.torch
 @pytest.mark.timeout(90)
 def test_rank_info_names_each_recorder_and_its_groups(hooked_job: Job) -> None:
@@ -185,7 +171,7 @@ def test_status_poll_reads_every_instance_in_microseconds_of_cpp(hooked_job: Job
 def test_agent_sees_what_each_rank_entered_and_that_completion_is_unknown(
     hooked_job: Job,
 ) -> None:
-    trackers = _trackers(hooked_job)
+    trackers = hooked_job.trackers()
     # The first poll learns what is in flight, the second fetches its entries (op names).
     events = []
     for _ in range(2):
@@ -210,7 +196,7 @@ def test_agent_sees_what_each_rank_entered_and_that_completion_is_unknown(
 def test_bundle_has_one_file_per_instance_and_the_analyzer_merges_them(
     hooked_job: Job, tmp_path: Path
 ) -> None:
-    trackers = _trackers(hooked_job)
+    trackers = hooked_job.trackers()
     now = time.monotonic()
     for t in trackers.values():
         poll_rank(t, now, entries_after_s=0.0)
@@ -303,7 +289,7 @@ def test_a_rank_leaving_normally_leaves_its_final_numbers_and_is_finished(
     still blocked in #6, is then killed: no exit handlers, so not finished."""
     from hangwatch.wire import pb
 
-    trackers = _trackers(hooked_job)
+    trackers = hooked_job.trackers()
     (hooked_job.run_dir / "stop").touch()
     assert hooked_job.procs[1].wait(30) == 0, hooked_job.output()
     doc = json.loads(Path(trackers[1].final_status_path).read_bytes())
@@ -332,7 +318,7 @@ def test_health_check_is_asked_where_torch_has_it(hang_job: Job) -> None:
     """2.15 answers c10d_health_check (healthy: no event); older torch 404s: asked once."""
     from hangwatch.agent import ranks
 
-    t = _trackers(hang_job)[0]
+    t = hang_job.trackers()[0]
     events = ranks.check_health(t, time.monotonic())
     assert events == []
     import torch._C._distributed_c10d as c
@@ -363,7 +349,7 @@ def test_a_backend_with_completion_hooks_is_tracked_end_to_end(nccl2_job: Job) -
     hw = {r["instance"]: r for r in doc["recorders"]}["hwhooks"]["dump"]["pg_status"]["0"]
     assert int(hw["last_completed_collective"]) >= 4
     # The agent's progress: completion known, rank 0 in #6 which rank 1 never entered.
-    trackers = _trackers(nccl2_job)
+    trackers = nccl2_job.trackers()
     for _ in range(2):
         now = time.monotonic()
         for t in trackers.values():
