@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.store import IncidentRow
 from hangwatch.server.live.commands import Command
 
@@ -58,6 +59,11 @@ class Collection:
     trigger_info: dict[str, Any] = field(default_factory=dict)
     finalizing: bool = False
     tail_context: int = 0  # > 0: agents upload FR tails first (two-phase collection)
+    # A finalize the coordinator's disk refused (full): not before this
+    # (coordinator monotonic), and with the analysis it already made of the
+    # ranks dumped then, if any (dumps that land meanwhile make it stale).
+    retry_at: float = float("-inf")
+    analysed: tuple[frozenset[int], Report] | None = None
 
     # An incident a previous coordinator left collecting: its agents are asked
     # again once they re-register (they kept their dumps), until `deadline`.
@@ -95,7 +101,9 @@ class Collection:
 
     def due(self, now: float) -> bool:
         """Ready to finalize: every rank answered for, or the deadline passed."""
-        return not self.finalizing and (self.accounted() or now >= self.deadline)
+        if self.finalizing or now < self.retry_at:
+            return False
+        return self.accounted() or now >= self.deadline
 
     def dump_command(self, reason: str, dump_deadline: float) -> Command:
         return Command(

@@ -8,7 +8,10 @@ called unobserved rather than guilty.
 
 from __future__ import annotations
 
+import copy
+import errno
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +46,18 @@ def default_analyze(path: Path, world_size: int | None) -> Report:
     return report
 
 
+def disk_full(error: BaseException) -> bool:
+    """The coordinator's data directory has no room (or quota) left: a file or
+    the SQLite store could not be written. The incident waits for space; what
+    it collected is on disk and its agents keep their copies."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(error, sqlite3.Error) and (
+        getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        or "database or disk is full" in str(error)
+    )
+
+
 def analyse_and_store(
     inc: Collection,
     dumped: set[int],
@@ -60,9 +75,12 @@ def analyse_and_store(
     write_incident_json(bundle, inc, None, dumped=dumped, unreachable=unreachable)
     write_unreachable_meta(inc, bundle, unreachable, registry.rank_meta)
     t0 = time.monotonic()
-    report = analyze(bundle, inc.world_size)
-    metrics.observe("hangwatch_analysis_seconds", time.monotonic() - t0)
-    report = mark_unobserved(report, unreachable)
+    # An attempt the full disk refused may have analysed these same dumps.
+    if inc.analysed is None or inc.analysed[0] != dumped:
+        inc.analysed = (frozenset(dumped), analyze(bundle, inc.world_size))
+        metrics.observe("hangwatch_analysis_seconds", time.monotonic() - t0)
+    # A copy: marking appends findings, and a refused attempt marks again.
+    report = mark_unobserved(copy.deepcopy(inc.analysed[1]), unreachable)
     detection_s = registry.now() - inc.onset
     store.finish_incident(inc.incident_id, report=report, detection_s=detection_s)
     metrics.inc(

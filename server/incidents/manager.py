@@ -36,6 +36,7 @@ from hangwatch.server.incidents.finalize import (
     Analyze,
     analyse_and_store,
     default_analyze,
+    disk_full,
     full_dump_commands,
     reanalyse_with_late,
     record_failure,
@@ -63,6 +64,10 @@ log = logging.getLogger(__name__)
 
 # Jobs whose last incident is remembered for joining later symptoms to it.
 LAST_INCIDENTS = 4096
+
+# A verdict the full disk refused is tried again this often. Cheap: the
+# analysis is kept, so a retry writes incident.json and one store row.
+DISK_FULL_RETRY_S = 5.0
 
 # Called once an incident opened in this run has its verdict stored:
 # (incident, job, registry time it opened, report). server.actions acts on it.
@@ -115,6 +120,8 @@ class IncidentManager:
         # analysed in. At thousands of ranks many agents can answer just past the
         # deadline: their results coalesce into one re-analysis, not one each.
         self._late: dict[str, set[int]] = {}
+        # Incidents whose lifecycle change the full disk refused, said once.
+        self._full_noted: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="hangwatch-detector", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------
@@ -289,8 +296,20 @@ class IncidentManager:
             try:
                 if step(w, registry=self.registry, store=self.store, metrics=self.metrics):
                     done.append(w.incident_id)
-            except Exception:
-                log.exception("incident %s: lifecycle check failed", w.incident_id)
+            except Exception as e:
+                if not disk_full(e):
+                    log.exception("incident %s: lifecycle check failed", w.incident_id)
+                elif w.incident_id not in self._full_noted:
+                    # Tried again every tick: said once, not twice a second.
+                    self._full_noted.add(w.incident_id)
+                    log.error(
+                        "incident %s: the data directory is full (%s); its state change "
+                        "waits and is stored once space frees",
+                        w.incident_id,
+                        e,
+                    )
+                continue
+            self._full_noted.discard(w.incident_id)
         if done:
             with self._lock:
                 for i in done:
@@ -421,44 +440,66 @@ class IncidentManager:
 
     def _finalize(self, inc: Collection) -> None:
         report: Report | None = None
-        opened: float | None = None
         try:
             report = self._finalize_inner(inc)
         except Exception as e:
+            if disk_full(e):
+                self._wait_for_space(inc, e)
+                return
             log.exception("incident %s: finalizing failed", inc.incident_id)
             record_failure(inc, e, store=self.store, metrics=self.metrics)
-        finally:
-            with self._idle:
-                self._collecting.pop(inc.incident_id, None)
-                w = self._watch.get(inc.incident_id)
-                if w is not None:
-                    w.outcome = (
-                        IncidentStatus.ANALYZED if report is not None else IncidentStatus.FAILED
-                    )
-                    opened = w.opened
-                self._idle.notify_all()
-            for agent_id in inc.asked:
-                self.registry.retire_command(inc.job_id, agent_id, inc.incident_id)
-            self.registry.set_open_incident(inc.job_id, None)
-            key = self.registry.in_flight_key(inc.job_id)
-            # Whatever the job is stuck on now was covered by this incident,
-            # unless the job moved on since it opened: then the stall cleared
-            # and what it waits on now is a later one of its own.
-            moved = opened is not None and self.registry.progressed_since(inc.job_id, opened)
-            if key is not None and not moved:
-                self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
-            if report is not None and inc.tail_context:
-                self._ask_full(inc, report)
-            # Only incidents opened in this run: one recovered after a restart
-            # was acted on, or not, by the run that opened it.
-            acts = report is not None and opened is not None and not inc.recovering
-            if acts and report is not None and opened is not None and self._on_analyzed:
-                try:
-                    self._on_analyzed(inc.incident_id, inc.job_id, opened, report)
-                except Exception:
-                    log.exception("incident %s: could not hand it to the actions", inc.incident_id)
-            self._publish()
-            self._wake.set()  # the lifecycle check may now close it
+        self._close(inc, report)
+
+    def _wait_for_space(self, inc: Collection, error: Exception) -> None:
+        """The disk refused the verdict: the incident stays open, collecting
+        (every dump it holds stays; agents keep their copies), and is finalized
+        again once space frees, with the analysis already made. Marking it
+        failed would lose a verdict that every dump on disk still supports."""
+        self.metrics.inc("hangwatch_incident_writes_deferred_total")
+        log.error(
+            "incident %s: the data directory is full (%s); its verdict waits and is "
+            "stored once space frees (tried again every %.0fs)",
+            inc.incident_id,
+            error,
+            DISK_FULL_RETRY_S,
+        )
+        with self._idle:
+            inc.retry_at = self.registry.now() + DISK_FULL_RETRY_S
+            inc.finalizing = False
+            self._idle.notify_all()
+
+    def _close(self, inc: Collection, report: Report | None) -> None:
+        """The incident leaves collection: analysed (`report`) or failed."""
+        opened: float | None = None
+        with self._idle:
+            self._collecting.pop(inc.incident_id, None)
+            w = self._watch.get(inc.incident_id)
+            if w is not None:
+                w.outcome = IncidentStatus.ANALYZED if report is not None else IncidentStatus.FAILED
+                opened = w.opened
+            self._idle.notify_all()
+        for agent_id in inc.asked:
+            self.registry.retire_command(inc.job_id, agent_id, inc.incident_id)
+        self.registry.set_open_incident(inc.job_id, None)
+        key = self.registry.in_flight_key(inc.job_id)
+        # Whatever the job is stuck on now was covered by this incident,
+        # unless the job moved on since it opened: then the stall cleared
+        # and what it waits on now is a later one of its own.
+        moved = opened is not None and self.registry.progressed_since(inc.job_id, opened)
+        if key is not None and not moved:
+            self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
+        if report is not None and inc.tail_context:
+            self._ask_full(inc, report)
+        # Only incidents opened in this run: one recovered after a restart
+        # was acted on, or not, by the run that opened it.
+        acts = report is not None and opened is not None and not inc.recovering
+        if acts and report is not None and opened is not None and self._on_analyzed:
+            try:
+                self._on_analyzed(inc.incident_id, inc.job_id, opened, report)
+            except Exception:
+                log.exception("incident %s: could not hand it to the actions", inc.incident_id)
+        self._publish()
+        self._wake.set()  # the lifecycle check may now close it
 
     def _finalize_inner(self, inc: Collection) -> Report:
         bundle = self.store.incident_dir(inc.incident_id)

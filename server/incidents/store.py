@@ -283,7 +283,7 @@ class IncidentStore:
                     n += self._write_culprits(r["id"], culprit_hosts(report))
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._rollback()
             raise
         if had is None and n:
             log.info("%s: node history filled in from %d stored incidents", self.path, n)
@@ -361,7 +361,7 @@ class IncidentStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         row = self.get_incident(incident_id)
         assert row is not None
@@ -452,6 +452,13 @@ class IncidentStore:
         when = time.time() if closed_at is None else closed_at
         return self._update(incident_id, status=status, closed_at=when, close_reason=reason, **cols)
 
+    def _rollback(self) -> None:
+        # SQLite ends a transaction itself on some errors (SQLITE_FULL among
+        # them): a ROLLBACK then raises "no transaction is active" and would
+        # hide the error that matters ("database or disk is full").
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
     def _update(
         self, incident_id: str, *, culprits: list[CulpritHost] | None = None, **cols: Any
     ) -> IncidentRow:
@@ -471,7 +478,7 @@ class IncidentStore:
                     self._write_culprits(incident_id, culprits)
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
         row = self.get_incident(incident_id)
         assert row is not None

@@ -53,6 +53,11 @@ FAMILIES: Final = (
         labels=("verdict", "trigger"),
     ),
     Family(
+        name="hangwatch_incident_writes_deferred_total",
+        kind="counter",
+        help="Verdicts the full data directory refused; each waits and is tried again.",
+    ),
+    Family(
         name="hangwatch_incidents_opened_total",
         kind="counter",
         help="Incidents opened, by trigger.",

@@ -23,20 +23,13 @@ from pathlib import Path
 import pytest
 
 from tests.hardening.trainjob import TrainJob
-from tests.hardening.util import all_connected, finished_incidents, wait_for
-from tests.support.chaos import AgentProc, CoordinatorProc, FaultUnavailable, TmpfsMount
+from tests.hardening.util import all_connected, finished_incidents, tmpfs, wait_for
+from tests.support.chaos import AgentProc, CoordinatorProc, TmpfsMount
 
 pytestmark = [pytest.mark.torch]
 
 SIZE = 4 * 1024 * 1024
 LEAVE = 4096
-
-
-def _mount(path: Path) -> TmpfsMount:
-    try:
-        return TmpfsMount(path, SIZE).mount()
-    except FaultUnavailable as e:
-        pytest.skip(f"cannot mount a tmpfs here (needs root/CAP_SYS_ADMIN): {e}")
 
 
 def _dumps(rank_dir: Path) -> list[str]:
@@ -54,7 +47,7 @@ def _running(
 ) -> Iterator[tuple[TmpfsMount, CoordinatorProc, AgentProc, TrainJob]]:
     """A coordinator whose incident dir is a small tmpfs, one agent on `<tmp>/run` and a
     2-rank job (culprit rank 1) with both ranks registered; all torn down on exit."""
-    mnt = _mount(tmp_path / "data" / "incidents")
+    mnt = tmpfs(tmp_path / "data" / "incidents", SIZE)
     coord = CoordinatorProc(tmp_path / "data", stall_timeout=2.0, dump_deadline=dump_deadline)
     run = tmp_path / "run"
     agent = AgentProc(

@@ -12,7 +12,6 @@ no second incident opens for the same hang.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -22,43 +21,9 @@ import grpc
 import pytest
 
 from hangwatch.wire import rpc
-from tests.hardening.util import wait_for
+from tests.hardening.util import analyzer_worker, rank_files, wait_for
 from tests.server.conftest import hang_rank_2, two_nodes
 from tests.support.chaos import CoordinatorProc
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _rank_files(bundle: Path) -> dict[str, str]:
-    """Each file the agents uploaded (the rank directories), by its sha256."""
-    return {
-        str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(bundle.glob("rank_*/*"))
-    }
-
-
-def _analyzer_worker(coordinator_pid: int) -> int | None:
-    """The forkserver's child: the coordinator's one long-lived analyzer worker."""
-    for c in _children(coordinator_pid):
-        if "multiprocessing.forkserver" in _cmdline(c):
-            workers = _children(c)
-            return workers[0] if workers else None
-    return None
 
 
 @pytest.mark.timeout(120)
@@ -68,7 +33,7 @@ def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
     coord = CoordinatorProc(tmp_path / "data", stall_timeout=0.5, dump_deadline=60.0)
     worker = None
     with coord:
-        worker = wait_for(lambda: _analyzer_worker(coord.pid), 30, "the analyzer worker")
+        worker = wait_for(lambda: analyzer_worker(coord.pid), 30, "the analyzer worker")
         with grpc.insecure_channel(coord.grpc) as ch:
             a, b = two_nodes(rpc.CoordinatorStub(ch), "job")
             os.kill(worker, signal.SIGSTOP)
@@ -82,7 +47,7 @@ def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
         coord.kill()
         os.kill(worker, signal.SIGKILL)  # what is left of the killed one's analysis
         bundle = tmp_path / "data" / "incidents" / iid
-        held = _rank_files(bundle)
+        held = rank_files(bundle)
 
         coord.start()
         # Every dump is on disk: the restarted coordinator analyses them at once,
@@ -96,5 +61,5 @@ def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
         assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
         assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
         # What the nodes sent is all there, byte for byte.
-        assert _rank_files(bundle) == held and len(held) == 8
+        assert rank_files(bundle) == held and len(held) == 8
         json.loads(doc.read_text())  # whole, not half-written

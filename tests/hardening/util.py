@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 import urllib.error
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.support.chaos import CoordinatorProc
+import pytest
+
+from tests.support.chaos import CoordinatorProc, FaultUnavailable, TmpfsMount
 
 T = TypeVar("T")
 
@@ -54,3 +58,45 @@ def finished_incidents(coord: CoordinatorProc, job: str) -> list[dict[str, Any]]
         for r in rows
         if r["status"] in ("analyzed", "failed")
     ]
+
+
+def tmpfs(path: Path, size_bytes: int) -> TmpfsMount:
+    """A tmpfs of its own over `path`, or the test skipped where none can be mounted."""
+    try:
+        return TmpfsMount(path, size_bytes).mount()
+    except FaultUnavailable as e:
+        pytest.skip(f"cannot mount a tmpfs here (needs root/CAP_SYS_ADMIN): {e}")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def analyzer_worker(coordinator_pid: int) -> int | None:
+    """The forkserver's child: the coordinator's one long-lived analyzer worker."""
+    for c in _children(coordinator_pid):
+        if "multiprocessing.forkserver" in _cmdline(c):
+            workers = _children(c)
+            return workers[0] if workers else None
+    return None
+
+
+def rank_files(bundle: Path) -> dict[str, str]:
+    """Each file the agents uploaded into a bundle (its rank directories), by sha256."""
+    return {
+        str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(bundle.glob("rank_*/*"))
+    }

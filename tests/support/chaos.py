@@ -394,16 +394,16 @@ class TmpfsMount:
         st = os.statvfs(self.path)
         avail = st.f_bavail * st.f_frsize
         want = max(0, avail - leave_bytes)
-        with open(self.path / self.FILLER, "ab") as f:
+        # Unbuffered: a buffered file that hit ENOSPC would raise it again when
+        # closed, flushing the block it could not write (fill(0) always does).
+        with open(self.path / self.FILLER, "ab", buffering=0) as f:
             block = b"\0" * (1 << 16)
             while want > 0:
-                n = min(want, len(block))
                 try:
-                    f.write(block[:n])
-                    f.flush()
+                    n = f.write(block[: min(want, len(block))])
                 except OSError:
                     break
-                want -= n
+                want -= n or 0
         st = os.statvfs(self.path)
         return int(st.f_bavail * st.f_frsize)
 

@@ -1,0 +1,106 @@
+"""The fault matrix's "coordinator disk full" column past collection.
+
+The whole data directory of a real `hangwatch server` (its SQLite store and
+every bundle) is a small tmpfs; two nodes' agents speak its gRPC protocol
+with real FR dumps (rank 2 never entered all_reduce #5).
+
+- analysing: the analyzer worker is SIGSTOPped once collection ends, the
+  disk is filled to the last byte, and the worker goes on. The verdict
+  cannot be stored. The incident stays open, collecting, with every file
+  the nodes sent; the coordinator keeps serving and says why. Once space is
+  freed, the verdict the analysis already made is stored: rank 2 named,
+  one incident, every file unchanged.
+- resolving: with the verdict stored and the hang still live, the disk is
+  filled again and the job moves past #5. The resolution cannot be stored;
+  the incident is never shown resolved before it is, and once space is freed
+  it resolves, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hangwatch.wire import rpc
+from tests.hardening.util import analyzer_worker, rank_files, tmpfs, wait_for
+from tests.server.conftest import hang_rank_2, two_nodes
+from tests.support.chaos import CoordinatorProc
+
+# Room for the store and four ranks' small dumps, many times over.
+SIZE = 16 * 1024 * 1024
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_that_fills_while_it_analyses_and_resolves_delays_both_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    mnt = tmpfs(data, SIZE)
+    # The protocol agents report only when told: a lost-agent timeout past the
+    # test keeps the job live (an ended job would close the incident as ended).
+    coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
+    worker = None
+    try:
+        with coord, grpc.insecure_channel(coord.grpc) as ch:
+            worker = wait_for(lambda: analyzer_worker(coord.pid), 30, "the analyzer worker")
+            a, b = two_nodes(rpc.CoordinatorStub(ch), "job")
+            os.kill(worker, signal.SIGSTOP)
+            iid = hang_rank_2(a, b, seq=5)
+            bundle = data / "incidents" / iid
+            doc = bundle / "incident.json"
+            wait_for(lambda: doc.is_file(), 30, "incident.json")
+            held = rank_files(bundle)
+            assert len(held) == 8, held
+
+            # Analysing, and the disk fills.
+            mnt.fill(0)
+            os.kill(worker, signal.SIGCONT)
+            wait_for(
+                lambda: "the data directory is full" in coord.log(), 30, "the deferred verdict"
+            )
+            assert coord.health().serving
+            row = coord.api(f"/api/incidents/{iid}")
+            assert row["status"] == "collecting", row
+            assert rank_files(bundle) == held
+
+            mnt.free()
+            row = wait_for(
+                lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
+                30,
+                "the verdict once space is freed",
+            )
+            assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
+            assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
+            assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+            assert rank_files(bundle) == held
+            assert json.loads(doc.read_text())["ranks_dumped"] == [0, 1, 2, 3]
+
+            # Resolving, and the disk fills again.
+            mnt.fill(0)
+            a.progress({0: (5, 5), 1: (5, 5)})
+            b.progress({2: (5, 5), 3: (5, 5)})
+            wait_for(lambda: "its state change waits" in coord.log(), 30, "a refused resolution")
+            assert coord.api(f"/api/incidents/{iid}")["status"] == "analyzed"
+            mnt.free()
+            assert coord.log().count("its state change waits") == 1  # said once, not per tick
+            row = wait_for(
+                lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "resolved" and r,
+                30,
+                "the resolution once space is freed",
+            )
+            assert row["lagging_ranks"] == [2], row
+            assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+            assert rank_files(bundle) == held
+            a.close()
+            b.close()
+    finally:
+        if worker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGCONT)
+        mnt.unmount()
