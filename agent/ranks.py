@@ -21,7 +21,7 @@ from typing import Any
 
 from hangwatch.agent import endpoint
 from hangwatch.agent.numbering import Numbering, raw_key
-from hangwatch.agent.procstate import process_sample
+from hangwatch.agent.procstate import RunqueueWait, process_sample
 
 from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
@@ -115,6 +115,7 @@ class RankTracker:
     # Wall clock (ns) of the last status read: the instant the straggler signal compares.
     status_wall_ns: int = 0
     cpu_time_ns: int = 0  # the process's CPU time at the last poll (0 = unknown)
+    runqueue: RunqueueWait = field(default_factory=RunqueueWait)
     # Where the hook leaves its numbers as the rank exits (hook_protocol.final_status_path;
     # "" = not looked for), and whether they were applied.
     final_status_path: str = ""
@@ -346,6 +347,7 @@ class RankTracker:
             fr_age_s=fr_age,
             status_at_ns=self.status_wall_ns,
             cpu_time_ns=self.cpu_time_ns,
+            runqueue_wait_ns=self.runqueue.total_ns,
             finished=self.finished,
             in_compile=self.in_compile,
         )
@@ -434,7 +436,9 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     """One poll of one rank. Never raises for an unreachable or dead rank."""
     out = PollResult()
     read_final_status(t, now)
-    state, t.cpu_time_ns = process_sample(t.pid, t.info.proc_starttime)
+    waits: dict[int, int] = {}
+    state, t.cpu_time_ns = process_sample(t.pid, t.info.proc_starttime, waits)
+    t.runqueue.update(waits)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):
         t.state = state
         if not t.exited_reported:

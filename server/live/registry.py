@@ -261,7 +261,9 @@ class JobRegistry:
                 r.finished = rp.finished
                 r.fr_age_s = rp.fr_age_s
                 r.last_report = now
-                r.cpu.note(now, rp.cpu_time_ns, self.stall_timeout)
+                # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
+                demand = rp.cpu_time_ns + rp.runqueue_wait_ns if rp.cpu_time_ns else 0
+                r.cpu.note(now, demand, self.stall_timeout)
                 r.in_compile = rp.in_compile
                 for gp in rp.groups:
                     rg = r.groups.get(gp.group)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from hangwatch.agent.delta import signature
-from hangwatch.agent.procstate import process_sample
+from hangwatch.agent.procstate import RunqueueWait, process_sample
 
 from hangwatch.wire import pb
 
@@ -91,3 +91,52 @@ def test_a_gone_process_has_no_cpu_and_cpu_is_not_a_change() -> None:
     one = pb.RankProgress(rank=0, cpu_time_ns=1)
     two = pb.RankProgress(rank=0, cpu_time_ns=2_000_000_000)
     assert signature(one) == signature(two)
+
+
+@pytest.mark.timeout(30)
+def test_a_spinning_process_starved_of_a_cpu_accrues_runqueue_wait() -> None:
+    """Two spinners pinned to one CPU: each runs about half the time and waits
+    on the run queue the other half. Its CPU rate alone halves; CPU plus wait
+    stays about one core. A sleeper accrues neither."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(2)
+    ]
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEP], start_new_session=True)
+    try:
+        for p in procs:
+            os.sched_setaffinity(p.pid, {cpu})
+        time.sleep(0.5)
+        acc = {p.pid: RunqueueWait() for p in (*procs, sleeper)}
+        first: dict[int, int] = {}
+        for pid, w in acc.items():
+            waits: dict[int, int] = {}
+            _, first[pid] = process_sample(pid, None, waits)
+            w.update(waits)
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        span = time.monotonic() - t0
+        for pid, w in acc.items():
+            waits = {}
+            _, cpu_ns = process_sample(pid, None, waits)
+            waited = w.update(waits) / 1e9 / span
+            ran = (cpu_ns - first[pid]) / 1e9 / span
+            if pid == sleeper.pid:
+                assert waited < 0.05 and ran < 0.05, (waited, ran)
+            else:
+                assert waited >= 0.25, (waited, ran)  # about 0.5
+                assert ran + waited >= 0.7, (waited, ran)  # about 1
+    finally:
+        for p in (*procs, sleeper):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_runqueue_wait_only_grows_as_processes_come_and_go() -> None:
+    w = RunqueueWait()
+    assert w.update({10: 5, 11: 100}) == 0  # first sight of each: a baseline
+    assert w.update({10: 8, 11: 160}) == 63
+    # The compile worker 11 exits (its wait is not folded into its parent's):
+    # the total keeps what it had, and a new worker 12 starts from its own baseline.
+    assert w.update({10: 9, 12: 40}) == 64
+    assert w.update({10: 9, 12: 70}) == 94

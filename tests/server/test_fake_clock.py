@@ -87,10 +87,12 @@ class Node:
         group: str = "0",
         cpu_ns: dict[int, int] | None = None,
         in_compile: frozenset[int] = frozenset(),
+        wait_ns: dict[int, int] | None = None,
     ) -> None:
         """seqs: rank -> (last_enqueued, last_completed) in `group`; cpu_ns: rank ->
         its process's CPU time so far (absent: unknown, as from an older agent);
-        in_compile: ranks the agent's last stack sample found inside torch.compile."""
+        in_compile: ranks the agent's last stack sample found inside torch.compile;
+        wait_ns: rank -> its time runnable but waiting for a CPU so far."""
         ranks = []
         for r, (enq, comp) in seqs.items():
             gp = pb.GroupProgress(group=group, last_enqueued=enq, last_completed=comp)
@@ -99,6 +101,7 @@ class Node:
             rp = pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
             rp.cpu_time_ns = (cpu_ns or {}).get(r, 0)
             rp.in_compile = r in in_compile
+            rp.runqueue_wait_ns = (wait_ns or {}).get(r, 0)
             ranks.append(rp)
         self.send(ranks)
 

@@ -115,6 +115,28 @@ def _working(
 
 
 @pytest.mark.timeout(20)
+def test_a_rank_that_waits_for_a_cpu_is_working_not_idle(env: Env) -> None:
+    """An oversubscribed node: every rank compiles but gets a tenth of a core,
+    waiting on the run queue the rest of the time. Its CPU rate alone is under
+    the busy mark; with its run-queue wait it is working, and nothing opens.
+    The same ranks with no wait (asleep) are paged past the bound."""
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    for t in range(1, int(3 * BOUND)):
+        env.clock.advance(1.0)
+        cpu = {r: int((1.0 + 0.1 * t) * 1e9) for r in range(4)}
+        wait = {r: int(0.8 * t * 1e9) for r in range(4)}
+        env.a.report({0: (0, 0), 1: (0, 0)}, cpu_ns=cpu, wait_ns=wait)
+        env.b.report({2: (0, 0), 3: (0, 0)}, cpu_ns=cpu, wait_ns=wait)
+        env.manager.tick()
+    assert env.store.list_incidents() == []
+    # Now they sleep: a tenth of a core and no wait is idle, and the job is paged.
+    _working(env, int(3 * BOUND), 0, {0, 1, 2, 3}, cores=0.1)
+    row = env.only_incident()
+    assert "ranks 0-3 idle" in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
 def test_a_job_that_works_on_every_rank_is_not_paged_however_long(env: Env) -> None:
     """A 40 s torch.compile, a checkpoint being written: counters quiet, every rank
     on a CPU. Past the bound nothing opens; when one rank goes idle it does."""
