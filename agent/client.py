@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 from collections.abc import Iterator
@@ -79,6 +80,90 @@ def build_channel(cfg: Config) -> grpc.Channel:
     return grpc.insecure_channel(cfg.agent.coordinator, options=options)
 
 
+# Reports waiting to go on the progress stream (a few KB each at 8 ranks).
+# One is sent a second, so 16 waiting means gRPC itself could not write for
+# 16 s (its flow-control window, about 64 KB, already full): the coordinator
+# is stuck. The agent stops queueing (bounded memory) and opens a new stream,
+# sending every rank again. A burst on a new stream (before its connection is
+# up) stays well under it.
+STREAM_BACKLOG = 16
+
+
+class StreamBroken(grpc.RpcError):
+    """The progress stream cannot take a report: it ended, or the coordinator
+    stopped reading it. Caught where any failed call is (the agent backs off
+    and sends a full report on a new stream)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class ProgressStream:
+    """One StreamProgress call: `send` queues a report and never blocks; a
+    reader thread waits for the coordinator's rare answers (an unknown session)
+    or the stream's end. gRPC's own thread drains the queue into the call."""
+
+    def __init__(self, stub: rpc.CoordinatorStub, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._q: queue.Queue[pb.ProgressReport] = queue.Queue(maxsize=STREAM_BACKLOG)
+        self._ended = threading.Event()
+        self.stale = False
+        self.error: grpc.RpcError | None = None
+        self._call = stub.StreamProgress(self._requests(), metadata=metadata)
+        self._reader = threading.Thread(
+            target=self._read, name="hangwatch-progress-stream", daemon=True
+        )
+        self._reader.start()
+
+    def _requests(self) -> Iterator[pb.ProgressReport]:
+        # Wakes every half second to notice the end: the thread gRPC runs this
+        # on must not outlive the call.
+        while not self._ended.is_set():
+            try:
+                yield self._q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+
+    def _read(self) -> None:
+        try:
+            for ack in self._call:
+                if not ack.known:
+                    self.stale = True
+                    break
+        except grpc.RpcError as e:
+            self.error = e
+        finally:
+            self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    def send(self, req: pb.ProgressReport) -> None:
+        if self._ended.is_set():
+            raise StreamBroken(grpc.StatusCode.UNAVAILABLE, "the progress stream ended")
+        try:
+            self._q.put_nowait(req)
+        except queue.Full:
+            self.close()
+            raise StreamBroken(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the coordinator read none of the last {STREAM_BACKLOG} progress reports",
+            ) from None
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._ended.set()
+        self._call.cancel()
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+
+
 class CoordinatorClient:
     """Thread-safe wrapper around the stub that owns the session id."""
 
@@ -97,6 +182,10 @@ class CoordinatorClient:
         self._registered = threading.Event()
         self.poll_interval_hint = 0.0
         self.heartbeat_hint = 0.0  # RegisterResponse.heartbeat_s
+        # Progress goes on a stream where the coordinator takes one
+        # (RegisterResponse.progress_stream); used by the sender thread only.
+        self._use_stream = False
+        self._stream: ProgressStream | None = None
 
     # --- session ----------------------------------------------------------
 
@@ -138,7 +227,9 @@ class CoordinatorClient:
             self._session_id = resp.session_id
             self.poll_interval_hint = resp.poll_interval_s
             self.heartbeat_hint = resp.heartbeat_s
+            self._use_stream = resp.progress_stream
             self._registered.set()
+        self._end_stream()  # its session is over
         log.info(
             "registered %d ranks as %s (session %s)", len(ranks), self.agent_id, resp.session_id
         )
@@ -161,9 +252,37 @@ class CoordinatorClient:
             clock_offset_ns=clock_offset_ns,
             clock_error_ns=clock_error_ns,
         )
-        ack = self.stub.ReportProgress(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
-        if not ack.known:
-            raise self._stale("progress")
+        if not self._use_stream:
+            ack = self.stub.ReportProgress(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
+            if not ack.known:
+                raise self._stale("progress")
+            return
+        stream = self._stream
+        if stream is not None and stream.ended:
+            self._end_stream()
+            if stream.stale:
+                raise self._stale("progress")
+            if stream.error is not None:
+                if stream.error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._use_stream = False  # said it had one, has not: unary from now on
+                raise stream.error
+        if self._stream is None:
+            self._stream = ProgressStream(self.stub, self.metadata)
+        try:
+            self._stream.send(req)
+        except StreamBroken:
+            self._end_stream()  # the next report opens a new one
+            raise
+
+    def progress_needs_full(self) -> bool:
+        """The next report opens a new progress stream: what went on the last
+        one may not have arrived, so it must carry every rank."""
+        return self._use_stream and (self._stream is None or self._stream.ended)
+
+    def _end_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
     def health(self, req: pb.HealthRequest) -> pb.HealthResponse:
         resp: pb.HealthResponse = self.stub.Health(
@@ -216,4 +335,5 @@ class CoordinatorClient:
         return bool(ack.accepted)
 
     def close(self) -> None:
+        self._end_stream()
         self.channel.close()

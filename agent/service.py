@@ -365,6 +365,8 @@ class Agent:
             seq, progress = self._progress_seq, list(self._progress)
         if seq > self._progress_sent:
             now = time.monotonic()
+            if self.client.progress_needs_full():
+                self._delta.reset()
             pick = self._delta.select(progress, now)
             if pick is not None:
                 self.client.report_progress(

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "agents": args.ranks // 8,
         "job": job,
         "fleet_nice": args.fleet_nice,
+        "fleet_transport": args.fleet_transport,
         "compress": not args.no_compress,
     }
     coord = CoordinatorProcess(
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         prehash_full=args.ranks <= args.full_dump_max_ranks,
         compress=not args.no_compress,
         nice=args.fleet_nice,
+        transport=args.fleet_transport,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -244,15 +246,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             and out["incidents"] == 1
         )
 
-        if args.ingest_s > 0:
+        # The first transport is the anchor: the others print a ratio to it.
+        for transport in args.ingest_transports.split(",") if args.ingest_s > 0 else ():
             before = fleet.stats()["rank_reports_sent"]
             probe = IngestProbe(
                 IngestSpec(
                     target=coord.grpc,
-                    job_id=f"ingest-{args.ranks}",
+                    job_id=f"ingest-{args.ranks}-{transport}",
                     ranks=args.ranks,
                     seconds=args.ingest_s,
                     in_flight=args.ingest_in_flight,
+                    transport=transport,
                 )
             )
             res = probe.wait(timeout=120 + args.ingest_s)
@@ -260,15 +264,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # The stalled job's agents keep their heartbeat meanwhile: their
             # reports (probe registration included, so an upper bound) share the CPU.
             background = fleet.stats()["rank_reports_sent"] - before
-            out["ingest_reports_per_s"] = round(res["rank_reports_per_s"])
-            out["ingest"] = {
+            per = cpu["cpu_s"] / max(1, res["rank_reports"]) * 1e6
+            ingest = out.setdefault("ingest", {})
+            anchor = next(iter(ingest.values()), None)
+            ingest[transport] = {
                 **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()},
                 "coordinator_cores": round(cpu["cores"], 3),
                 "background_rank_reports": background,
-                "coordinator_cpu_us_per_rank_report": round(
-                    cpu["cpu_s"] / max(1, res["rank_reports"]) * 1e6, 1
+                "coordinator_cpu_us_per_rank_report": round(per, 1),
+                "cpu_ratio_to_anchor": round(
+                    per / anchor["coordinator_cpu_us_per_rank_report"] if anchor else 1.0, 3
                 ),
             }
+            out.setdefault("ingest_reports_per_s", {})[transport] = round(res["rank_reports_per_s"])
         out["coordinator_peak_rss_mb"] = round(proc_status_kb(pid, "VmHWM") / 1024, 1)
         out["coordinator_cpu_total_s"] = round(proc_cpu_s(pid), 1)
     finally:
@@ -329,6 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--ingest-s", type=float, default=5.0, help="0 skips the ingest probe")
     p.add_argument("--ingest-in-flight", type=int, default=128)
+    p.add_argument(
+        "--fleet-transport",
+        choices=("stream", "unary"),
+        default="stream",
+        help="how the simulated job's agents send progress (unary: as older agents)",
+    )
+    p.add_argument(
+        "--ingest-transports",
+        default="unary,stream",
+        help="progress transports to flood, in order; the first is the anchor",
+    )
     p.add_argument("--analyze-budget-s", type=float, default=900.0)
     p.add_argument("--keep", help="data dir to use and keep (default: a temp dir)")
     p.add_argument("--profile", help="py-spy raw (collapsed) profile of the incident window")

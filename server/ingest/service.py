@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import threading
@@ -198,6 +199,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
             poll_interval_s=self.poll_interval_s,
             # Three heartbeats per lost-agent timeout: one late report is not a loss.
             heartbeat_s=self.registry.agent_lost_timeout / 3,
+            progress_stream=True,
         )
 
     async def _apply_known(
@@ -232,6 +234,26 @@ class CoordinatorService(rpc.CoordinatorServicer):
         if known and self.stragglers is not None:
             self.stragglers.observe(request)
         return pb.ProgressAck(known=known)
+
+    async def StreamProgress(
+        self,
+        request_iterator: AsyncIterator[pb.ProgressReport],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.ProgressAck]:
+        """ReportProgress's work per message, without a call per report: the
+        stream answers only a report whose session is unknown, and then ends."""
+        async for request in request_iterator:
+            known = await self._apply_known(
+                "StreamProgress",
+                context,
+                functools.partial(validate.progress_report, request),
+                functools.partial(self.registry.report_progress, request),
+            )
+            if not known:
+                yield pb.ProgressAck(known=False, report_seq=request.report_seq)
+                return
+            if self.stragglers is not None:
+                self.stragglers.observe(request)
 
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]

@@ -71,6 +71,10 @@ def test_token_required_on_every_rpc_but_health(
                 timeout=5,
             )
         assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as ei:
+            report = pb.ProgressReport(job_id="j", agent_id="a", session_id="x", report_seq=1)
+            next(iter(stub.StreamProgress(iter([report]), timeout=5)))
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert c.registry.jobs() == []
 
         good = [("authorization", f"Bearer {TOKEN}")]

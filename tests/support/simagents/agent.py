@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 from hangwatch.agent.delta import DeltaReporter
@@ -37,6 +37,10 @@ class SimJobSpec:
     ranks: int
     pp: int = 4
     token: str | None = None
+    # How progress travels: "stream" (StreamProgress, as the agent sends it
+    # since the coordinator offers it) or "unary" (one ReportProgress call per
+    # report, as older agents do).
+    transport: str = "stream"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +120,7 @@ class SimAgent(DumpUploads):
         self.sent_entries: dict[int, int] = {}  # rank -> last record_id sent
         self._handled: set[tuple[str, int]] = set()
         self.delta = DeltaReporter()
+        self._stream: Any = None  # the open StreamProgress call, if any
 
     def register_request(self) -> pb.RegisterRequest:
         topo = self.fleet.topo
@@ -156,6 +161,7 @@ class SimAgent(DumpUploads):
         self.session_id = resp.session_id
         self.stats.registered += 1
         self.delta.reset(resp.heartbeat_s)
+        self._end_stream()  # its session is over
 
     def progress_report(self, now: float) -> pb.ProgressReport:
         clock, hang = self.fleet.clock, self.fleet.hang
@@ -205,14 +211,21 @@ class SimAgent(DumpUploads):
             now = time.time()
             try:
                 report = self.progress_report(now)
+                streaming = self.spec.transport == "stream"
+                if streaming and self._stream is None:
+                    self.delta.reset()  # a new stream carries every rank
                 # Changed ranks only, all of them every few seconds: as the real agent.
                 pick = self.delta.select(report.ranks, time.monotonic())
                 if pick is not None:
                     del report.ranks[:]
                     report.ranks.extend(pick[0])
-                    ack = await self.stub.ReportProgress(
-                        report, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
-                    )
+                    if streaming:
+                        await self._stream_report(report)
+                        ack = pb.ProgressAck(known=True)  # an unknown session ends the stream
+                    else:
+                        ack = await self.stub.ReportProgress(
+                            report, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
+                        )
                     self.stats.reports_sent += 1
                     self.stats.rank_reports_sent += len(pick[0])
                     if ack.known:
@@ -222,10 +235,36 @@ class SimAgent(DumpUploads):
                         await self.register()
                 await self._maybe_entries(now)
             except grpc.aio.AioRpcError as e:
+                self._end_stream()
                 self.stats.reports_failed += 1
                 self.stats.error(f"ReportProgress: {e.code().name}: {e.details()}")
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def _stream_report(self, report: pb.ProgressReport) -> None:
+        if self._stream is None:
+            self._stream = self.stub.StreamProgress(metadata=self.metadata)
+            self.fleet.spawn(self._read_acks(self._stream))
+        await self._stream.write(report)
+
+    async def _read_acks(self, call: Any) -> None:
+        """The coordinator answers a stream only to say the session is unknown."""
+        try:
+            async for ack in call:
+                if not ack.known and self._stream is call:
+                    self.stats.reports_unknown += 1
+                    await self.register()
+                    return
+        except grpc.aio.AioRpcError as e:
+            if self._stream is call:
+                self._stream = None
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    self.stats.error(f"StreamProgress: {e.code().name}: {e.details()}")
+
+    def _end_stream(self) -> None:
+        call, self._stream = self._stream, None
+        if call is not None:
+            call.cancel()
 
     async def _maybe_entries(self, now: float) -> None:
         """Like the real agent: once something has been in flight too long, send

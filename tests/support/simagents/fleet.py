@@ -257,6 +257,7 @@ class Fleet:
         prehash_full: bool = True,
         compress: bool = True,
         nice: int = 0,
+        transport: str = "stream",
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -278,6 +279,7 @@ class Fleet:
                 prehash_full=prehash_full,
                 compress=compress,
                 nice=nice,
+                transport=transport,
             )
             for i in range(procs)
         ]

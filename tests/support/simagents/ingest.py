@@ -23,7 +23,7 @@ from tests.support.simagents.fleet import FleetError, FleetState
 @dataclass(frozen=True, kw_only=True)
 class IngestSpec(SimJobSpec):
     seconds: float = 5.0
-    in_flight: int = 128  # concurrent ReportProgress calls
+    in_flight: int = 128  # concurrent ReportProgress calls (or stream writes)
 
 
 def _varint(n: int) -> bytes:
@@ -74,6 +74,17 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
         )
         for a in fleet.agents
     }
+    streams: dict[str, Any] = {}
+    if spec.transport == "stream":
+        for a in fleet.agents:
+            open_stream = a.channel.stream_stream(
+                "/hangwatch.v1.Coordinator/StreamProgress",
+                request_serializer=None,
+                response_deserializer=pb.ProgressAck.FromString,
+            )
+            streams[a.agent_id] = open_stream(metadata=a.metadata)
+    elif spec.transport != "unary":
+        raise ValueError(f"unknown transport {spec.transport!r}")
     acks = unknown = failed = 0
     deadline = time.monotonic() + spec.seconds
     agents = fleet.agents
@@ -90,17 +101,33 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
             seqs[k] += 1
             body = bases[a.node - agents[0].node][seqs[k] % 2] + b"\x20" + _varint(seqs[k])
             try:
-                ack = await call[a.agent_id](body, timeout=UNARY_TIMEOUT_S, metadata=a.metadata)
-                if ack.known:
+                if streams:
+                    # Written, not yet applied: the drain below waits for that.
+                    await streams[a.agent_id].write(body)
                     acks += 1
                 else:
-                    unknown += 1
+                    ack = await call[a.agent_id](body, timeout=UNARY_TIMEOUT_S, metadata=a.metadata)
+                    if ack.known:
+                        acks += 1
+                    else:
+                        unknown += 1
             except grpc.aio.AioRpcError:
                 failed += 1
             j += 1
 
+    async def drain(stream: Any) -> None:
+        # The coordinator ends a stream once it has applied every report on it:
+        # the flood is over when the last one ends, not when the last write left.
+        nonlocal unknown, acks
+        await stream.done_writing()
+        async for ack in stream:
+            if not ack.known:
+                unknown += 1
+                acks -= 1
+
     t0, wall0 = time.monotonic(), time.time()
     await asyncio.gather(*(lane(i) for i in range(lanes)))
+    await asyncio.gather(*(drain(st) for st in streams.values()))
     elapsed = time.monotonic() - t0
     wall1 = time.time()
     await asyncio.gather(*(a.channel.close() for a in agents), return_exceptions=True)
@@ -115,6 +142,7 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
         "agent_reports_per_s": acks / elapsed,
         "rank_reports_per_s": acks * RANKS_PER_AGENT / elapsed,
         "in_flight": lanes,
+        "transport": spec.transport,
         "report_bytes": len(bases[0][0]),
         "flood_start": wall0,
         "flood_end": wall1,

@@ -97,14 +97,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., host: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s")
+    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s", "progress_stream")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_STREAM_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     poll_interval_s: float
     heartbeat_s: float
-    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
+    progress_stream: bool
+    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., progress_stream: _Optional[bool] = ...) -> None: ...
 
 class InFlight(_message.Message):
     __slots__ = ("seq", "op", "age_s")
@@ -179,10 +181,12 @@ class ProgressReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., clock_offset_ns: _Optional[int] = ..., clock_error_ns: _Optional[int] = ...) -> None: ...
 
 class ProgressAck(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "report_seq")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    report_seq: int
+    def __init__(self, known: _Optional[bool] = ..., report_seq: _Optional[int] = ...) -> None: ...
 
 class FrEntry(_message.Message):
     __slots__ = ("rank", "record_id", "group", "collective_seq", "p2p_seq", "profiling_name", "state", "retired", "is_p2p", "age_s", "input_sizes_json", "input_dtypes_json")

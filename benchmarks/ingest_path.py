@@ -1,0 +1,131 @@
+"""What one progress report costs the coordinator, without gRPC: parse, check, apply.
+
+    python benchmarks/ingest_path.py --ranks 4096 --rounds 5
+
+The gRPC handler for ReportProgress does three things per report on the
+coordinator's CPU: protobuf parses the bytes, `ingest.validate` checks them,
+and the registry applies them. This measures each, in one process, for a
+simulated fleet's reports (8 ranks x 4 groups per node agent, the simulated
+Megatron layout of `tests.support.simagents`), registered into a real
+`JobRegistry`. Two reports per agent one step apart alternate, so every
+report moves `last_completed` (the registry's full update path).
+
+The anchor is the parse alone of the per-rank form (`ProgressReport.ranks`):
+every other figure is printed as a ratio to it, measured in the same run.
+Medians over `--rounds` passes over every agent's report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hangwatch.server.ingest import validate
+from hangwatch.server.live.registry import JobRegistry
+
+from hangwatch.wire import pb
+from tests.support.simagents import OPS_PER_STEP, RANKS_PER_AGENT, FleetSpec
+from tests.support.simagents.fleet import FleetState
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _median_us(fn: Callable[[int], None], n: int, rounds: int) -> float:
+    """Median over rounds of the mean µs per call of fn(i) for i in range(n)."""
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(out)
+
+
+async def _build(ranks: int) -> tuple[FleetState, JobRegistry, _Clock, list[list[bytes]]]:
+    spec = FleetSpec(target="127.0.0.1:1", job_id="bench", ranks=ranks, epoch=time.time())
+    fleet = FleetState(spec)
+    clock = _Clock()
+    registry = JobRegistry(agent_lost_timeout=1e9, stall_timeout=1e9, clock=clock)
+    now = time.time()
+    bodies: list[list[bytes]] = []
+    for a in fleet.agents:
+        a.session_id = registry.register(a.register_request())
+        pair = [a.progress_report(now + k * OPS_PER_STEP * spec.op_s) for k in range(2)]
+        bodies.append([r.SerializeToString() for r in pair])
+    await asyncio.gather(*(a.channel.close() for a in fleet.agents))
+    return fleet, registry, clock, bodies
+
+
+def measure(ranks: int, rounds: int) -> dict[str, Any]:
+    fleet, registry, clock, bodies = asyncio.run(_build(ranks))
+    n = len(bodies)
+    parsed = [[pb.ProgressReport.FromString(b) for b in pair] for pair in bodies]
+    seq = [0]
+
+    def parse(i: int) -> None:
+        pb.ProgressReport.FromString(bodies[i][0])
+
+    def check(i: int) -> None:
+        validate.progress_report(parsed[i][0])
+
+    def apply(i: int) -> None:
+        seq[0] += 1
+        req = parsed[i][seq[0] % 2]
+        req.report_seq = seq[0]
+        clock.t += 1e-4
+        registry.report_progress(req)
+
+    anchor = _median_us(parse, n, rounds)
+    rows = {"parse (anchor)": anchor, "validate": _median_us(check, n, rounds)}
+    rows["apply"] = _median_us(apply, n, rounds)
+    fleet.close()
+    total = sum(rows.values())
+    return {
+        "ranks": ranks,
+        "agents": n,
+        "ranks_per_report": RANKS_PER_AGENT,
+        "report_bytes": len(bodies[0][0]),
+        "us_per_report": rows,
+        "us_per_rank_report": {k: v / RANKS_PER_AGENT for k, v in rows.items()},
+        "ratio_to_anchor": {k: v / anchor for k, v in rows.items()},
+        "total_us_per_rank_report": total / RANKS_PER_AGENT,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    res = measure(args.ranks, args.rounds)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"{res['ranks']} ranks, {res['agents']} reports of {res['report_bytes']} bytes")
+    for k, v in res["us_per_report"].items():
+        print(
+            f"  {k:<16} {v:8.1f} µs/report {res['us_per_rank_report'][k]:7.2f} µs/rank "
+            f"{res['ratio_to_anchor'][k]:6.2f}x anchor"
+        )
+    print(f"  total            {res['total_us_per_rank_report']:.2f} µs per rank report")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
