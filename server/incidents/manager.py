@@ -120,8 +120,10 @@ class IncidentManager:
         # analysed in. At thousands of ranks many agents can answer just past the
         # deadline: their results coalesce into one re-analysis, not one each.
         self._late: dict[str, set[int]] = {}
-        # Incidents whose lifecycle change the full disk refused, said once.
+        # Incidents whose lifecycle change, and jobs whose new incident, the
+        # full disk refused: said once, not on every tick.
         self._full_noted: set[str] = set()
+        self._full_jobs: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="hangwatch-detector", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------
@@ -268,11 +270,29 @@ class IncidentManager:
         for job_id in self.registry.jobs() if scan else ():
             if self.registry.open_incident(job_id) is not None:
                 continue
-            stalls = self.registry.stalls(job_id, over_timeout_only=True)
-            if stalls:
-                self._on_stalls(job_id, stalls)
-            elif (quiet := self.registry.quiet(job_id)) is not None:
-                self._on_quiet(job_id, quiet)
+            # One job's failure to open an incident must not stop the others'
+            # detection, nor the collections and lifecycles below.
+            try:
+                stalls = self.registry.stalls(job_id, over_timeout_only=True)
+                if stalls:
+                    self._on_stalls(job_id, stalls)
+                elif (quiet := self.registry.quiet(job_id)) is not None:
+                    self._on_quiet(job_id, quiet)
+            except Exception as e:
+                if not disk_full(e):
+                    log.exception("job %s: stall detection failed", job_id)
+                elif job_id not in self._full_jobs:
+                    # Tried again every tick while the hang lasts: said once.
+                    self._full_jobs.add(job_id)
+                    self.metrics.inc("hangwatch_incident_writes_deferred_total")
+                    log.error(
+                        "job %s: cannot open an incident, the data directory is full (%s); "
+                        "the stall is shown live and the incident opens once space frees",
+                        job_id,
+                        e,
+                    )
+                continue
+            self._full_jobs.discard(job_id)
         self._ask_recovered()
         now = self.registry.now()
         due: list[Collection] = []

@@ -55,7 +55,7 @@ FAMILIES: Final = (
     Family(
         name="hangwatch_incident_writes_deferred_total",
         kind="counter",
-        help="Verdicts the full data directory refused; each waits and is tried again.",
+        help="Incidents and verdicts the full data directory refused; each is tried again.",
     ),
     Family(
         name="hangwatch_incidents_opened_total",

@@ -1,8 +1,12 @@
-"""The fault matrix's "coordinator disk full" column past collection.
+"""The fault matrix's "coordinator disk full" column, where it is not collection's.
 
 The whole data directory of a real `hangwatch server` (its SQLite store and
 every bundle) is a small tmpfs; two nodes' agents speak its gRPC protocol
 with real FR dumps (rank 2 never entered all_reduce #5).
+
+- opened: the disk is full when the hang begins. No incident can be stored;
+  the coordinator says so once, keeps serving, shows the stall live, and
+  opens the incident once space is freed: rank 2 named, one incident.
 
 - analysing: the analyzer worker is SIGSTOPped once collection ends, the
   disk is filled to the last byte, and the worker goes on. The verdict
@@ -103,4 +107,41 @@ def test_a_disk_that_fills_while_it_analyses_and_resolves_delays_both_and_loses_
         if worker is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, signal.SIGCONT)
+        mnt.unmount()
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_full_when_the_hang_begins_opens_its_incident_once_space_frees(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    mnt = tmpfs(data, SIZE)
+    coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
+    try:
+        with coord, grpc.insecure_channel(coord.grpc) as ch:
+            a, b = two_nodes(rpc.CoordinatorStub(ch), "job")
+
+            def while_full() -> None:
+                wait_for(
+                    lambda: "cannot open an incident" in coord.log(), 30, "the refused incident"
+                )
+                assert coord.health().serving
+                assert coord.api("/api/incidents?job=job") == []
+                [stall] = coord.api("/api/jobs/job/ranks")["stalled"]
+                assert (stall["seq"], stall["not_entered_ranks"]) == (5, [2]), stall
+                assert coord.log().count("cannot open an incident") == 1  # not once per tick
+                mnt.free()
+
+            mnt.fill(0)
+            iid = hang_rank_2(a, b, seq=5, on_stalled=while_full)
+            row = wait_for(
+                lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
+                30,
+                "the verdict",
+            )
+            assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
+            assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+            a.close()
+            b.close()
+    finally:
         mnt.unmount()

@@ -340,19 +340,26 @@ def two_nodes(
 
 
 def hang_rank_2(
-    a: ProtocolAgent, b: ProtocolAgent, *, seq: int, hosts: tuple[str, str] = ("host", "host")
+    a: ProtocolAgent,
+    b: ProtocolAgent,
+    *,
+    seq: int,
+    hosts: tuple[str, str] = ("host", "host"),
+    on_stalled: Callable[[], None] | None = None,
 ) -> str:
     """Node a (ranks 0,1) and node b (ranks 2,3), registered and watching: three
     healthy steps before `seq`, then rank 2 never enters collective `seq` while
-    the others wait in it. Waits for the DUMP, uploads every rank's dump (its
-    meta naming host hosts[0] for node a's ranks, hosts[1] for node b's) and
-    completes; returns the incident id."""
+    the others wait in it (then `on_stalled()`, if given). Waits for the DUMP,
+    uploads every rank's dump (its meta naming host hosts[0] for node a's ranks,
+    hosts[1] for node b's) and completes; returns the incident id."""
     for step in range(max(1, seq - 4), max(4, seq - 1)):
         a.progress({0: (step, step), 1: (step, step)})
         b.progress({2: (step, step), 3: (step, step)})
     stalled = {0: (seq, seq - 1), 1: (seq, seq - 1)}, {2: (seq - 1, seq - 1), 3: (seq, seq - 1)}
     a.progress(stalled[0])
     b.progress(stalled[1])
+    if on_stalled is not None:
+        on_stalled()
     cmd = a.next_command(timeout=10)
     assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
     iid = cmd.incident_id
