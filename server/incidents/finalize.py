@@ -9,9 +9,7 @@ called unobserved rather than guilty.
 from __future__ import annotations
 
 import copy
-import errno
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,18 +42,6 @@ def default_analyze(path: Path, world_size: int | None) -> Report:
 
     report: Report = analyze_path(path, world_size=world_size)
     return report
-
-
-def disk_full(error: BaseException) -> bool:
-    """The coordinator's data directory has no room (or quota) left: a file or
-    the SQLite store could not be written. The incident waits for space; what
-    it collected is on disk and its agents keep their copies."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return isinstance(error, sqlite3.Error) and (
-        getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
-        or "database or disk is full" in str(error)
-    )
 
 
 def analyse_and_store(

@@ -36,13 +36,17 @@ from hangwatch.server.incidents.finalize import (
     Analyze,
     analyse_and_store,
     default_analyze,
-    disk_full,
     full_dump_commands,
     reanalyse_with_late,
     record_failure,
 )
 from hangwatch.server.incidents.lifecycle import Watch, late_hint, publish_states, step
-from hangwatch.server.incidents.store import IncidentRow, IncidentStatus, IncidentStore
+from hangwatch.server.incidents.store import (
+    IncidentRow,
+    IncidentStatus,
+    IncidentStore,
+    disk_full,
+)
 from hangwatch.server.incidents.triggers import (
     Trigger,
     event_trigger,

@@ -10,6 +10,7 @@ job state does not (agents re-register and rebuild it).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -215,6 +216,18 @@ def _ranks(value: Iterable[int]) -> str:
 
 def _unreachable(value: Mapping[int, str]) -> str:
     return json.dumps({str(int(k)): str(v) for k, v in sorted(value.items())})
+
+
+def disk_full(error: BaseException) -> bool:
+    """The coordinator's data directory has no room (or quota) left: a file or
+    the SQLite store could not be written. The incident waits for space; what
+    it collected is on disk and its agents keep their copies."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(error, sqlite3.Error) and (
+        getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        or "database or disk is full" in str(error)
+    )
 
 
 class IncidentStore:

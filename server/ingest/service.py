@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import grpc
 from hangwatch.server.incidents.manager import IncidentManager
-from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore, disk_full
 from hangwatch.server.ingest import validate
 from hangwatch.server.ingest.batches import (
     FileBatch,
@@ -185,7 +185,18 @@ class CoordinatorService(rpc.CoordinatorServicer):
         session_id = self.registry.register(request)
         if self.stragglers is not None:
             self.stragglers.register(request)
-        await asyncio.to_thread(self.store.touch_job, request.job_id)
+        try:
+            await asyncio.to_thread(self.store.touch_job, request.job_id)
+        except Exception as e:
+            # The job's row in the history is bookkeeping; watching its ranks is
+            # the point. A full data directory must not turn agents away.
+            if not disk_full(e):
+                raise
+            log.error(
+                "job %s: not recorded in the history, the data directory is full (%s)",
+                request.job_id,
+                e,
+            )
         log.info(
             "agent %s (%s) registered %d ranks for job %s",
             request.agent_id,

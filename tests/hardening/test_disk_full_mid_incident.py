@@ -4,7 +4,8 @@ The whole data directory of a real `hangwatch server` (its SQLite store and
 every bundle) is a small tmpfs; two nodes' agents speak its gRPC protocol
 with real FR dumps (rank 2 never entered all_reduce #5).
 
-- opened: the disk is full when the hang begins. No incident can be stored;
+- opened: the disk is full before the agents register (they are taken all
+  the same) and when the hang begins. No incident can be stored;
   the coordinator says so once, keeps serving, shows the stall live, and
   opens the incident once space is freed: rank 2 named, one incident.
 
@@ -119,7 +120,10 @@ def test_a_disk_full_when_the_hang_begins_opens_its_incident_once_space_frees(
     coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
     try:
         with coord, grpc.insecure_channel(coord.grpc) as ch:
+            # Full before the agents even register: they are taken all the same.
+            mnt.fill(0)
             a, b = two_nodes(rpc.CoordinatorStub(ch), "job")
+            assert "not recorded in the history" in coord.log()
 
             def while_full() -> None:
                 wait_for(
@@ -132,7 +136,6 @@ def test_a_disk_full_when_the_hang_begins_opens_its_incident_once_space_frees(
                 assert coord.log().count("cannot open an incident") == 1  # not once per tick
                 mnt.free()
 
-            mnt.fill(0)
             iid = hang_rank_2(a, b, seq=5, on_stalled=while_full)
             row = wait_for(
                 lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
