@@ -138,7 +138,13 @@ class JobRegistry:
             return job_snapshot(
                 job,
                 now,
-                scan_stalls(job, now, self.stall_timeout, startup_grace=self.startup_grace),
+                scan_stalls(
+                    job,
+                    now,
+                    self.stall_timeout,
+                    startup_grace=self.startup_grace,
+                    first_report_s=self.agent_lost_timeout,
+                ),
             )
 
     # ---- writes from the gRPC handlers -------------------------------------
@@ -372,7 +378,12 @@ class JobRegistry:
             if job is None:
                 return []
             return scan_stalls(
-                job, self._clock(), self.stall_timeout, over_timeout_only, self.startup_grace
+                job,
+                self._clock(),
+                self.stall_timeout,
+                over_timeout_only,
+                self.startup_grace,
+                first_report_s=self.agent_lost_timeout,
             )
 
     @property

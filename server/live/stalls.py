@@ -34,10 +34,21 @@ def scan_stalls(
     stall_timeout: float,
     over_timeout_only: bool = False,
     startup_grace: float = 0.0,
+    first_report_s: float = 0.0,
 ) -> list[StalledGroup]:
     """Every group's stall pattern; with `over_timeout_only`, skip without a
     look at its members every group that progressed within the timeout (the
     detector's pass runs often and must stay cheap at thousands of ranks).
+
+    A group with a member registered less than `first_report_s` ago whose
+    first numbers have not arrived is not judged: that member has entered
+    nothing as far as the coordinator knows, but it is unknown, not behind.
+    Measured with 512 simulated agents: they registered over 5 s, the ranks
+    that reported first waited in the world group's all_reduce for the rest,
+    and the 3,648 ranks not yet heard from were called "not entered" in a
+    false incident as soon as the stall timeout passed. Its agent sends every
+    rank at least once per heartbeat, and is lost past `first_report_s` (the
+    lost-agent timeout), so a rank that never reports is still judged.
 
     A stall in a group's first collective is over its timeout only after
     `startup_grace` too: its members that have entered nothing may just be
@@ -55,6 +66,10 @@ def scan_stalls(
         if over_timeout_only and now - g.last_progress < stall_timeout:
             continue
         members = job.members(g)
+        if first_report_s > 0 and any(
+            not rg.reported and now - _registered(job, r) < first_report_s for r, rg in members
+        ):
+            continue
         if any(rg.collectives() is None for r, rg in members if job.observed(r)):
             # A member's pg_status counts p2p and its collective count is not
             # known yet: its agent reads FR entries as soon as it goes quiet.
@@ -114,6 +129,12 @@ def scan_stalls(
                     )
                 )
     return out
+
+
+def _registered(job: JobRecord, r: RankRecord) -> float:
+    """When the agent that registered `r` did (coordinator clock)."""
+    a = job.agents.get(r.agent_id)
+    return a.registered if a is not None else float("-inf")
 
 
 def busy_laggards(

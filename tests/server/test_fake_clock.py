@@ -287,6 +287,38 @@ def test_a_first_collective_waits_out_the_startup_grace(env: Env) -> None:
 
 
 @pytest.mark.timeout(10)
+def test_a_member_whose_first_numbers_have_not_arrived_is_unknown_not_behind(env: Env) -> None:
+    """Thousands of agents register over seconds: node a's ranks report and wait
+    in #5 while node b, registered, has sent nothing yet. That is no stall,
+    however long node b takes within the lost-agent timeout; once b's numbers
+    arrive the stall is judged on them."""
+    for step in (STALL, STALL, LOST - 2 * STALL - 1):
+        env.a.report({0: (5, 4), 1: (5, 4)})
+        env.clock.advance(step)
+        assert _over(env.registry) == []
+    # b's first report: rank 3 has not entered #5, and the group has made no
+    # progress for nearly three timeouts: over at once.
+    env.b.report({2: (5, 4), 3: (4, 4)})
+    [st] = _over(env.registry)
+    assert (st.seq, st.waiting_ranks, st.not_entered_ranks) == (5, [0, 1, 2], [3])
+
+
+@pytest.mark.timeout(10)
+def test_an_agent_that_registers_and_never_reports_is_judged_once_lost(env: Env) -> None:
+    """The wait for first numbers ends with the lost-agent timeout: then b is
+    lost, its ranks unobserved (not blamed), and the stall is judged."""
+    for _ in range(int(LOST / STALL)):
+        env.a.report({0: (5, 4), 1: (5, 4)})
+        assert _over(env.registry) == []
+        env.clock.advance(STALL)
+    env.clock.advance(0.5)  # past the timeout, not on it
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    assert env.registry.mark_lost_agents() == [(JOB, "b")]
+    [st] = _over(env.registry)
+    assert (st.seq, st.waiting_ranks, st.unobserved_ranks) == (5, [0, 1], [2, 3]), st
+
+
+@pytest.mark.timeout(10)
 def test_progress_restarts_the_stall_clock(env: Env) -> None:
     stall_pattern(env, seq=5)
     env.clock.advance(STALL - 2)
