@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.hardening.trainjob import MAX_STEP_RATIO, TrainJob, complement, step_ratios
-from tests.hardening.util import all_connected, finished_incidents, wait_for
+from tests.hardening.util import all_connected, finished_incidents, rank_files, wait_for
 from tests.support.chaos import AgentProc, CoordinatorProc
 
 pytestmark = [pytest.mark.torch]
@@ -228,4 +228,44 @@ def test_a_hang_that_starts_while_both_are_down_is_diagnosed_once_they_are_back(
         assert inc["verdict"] == "hang" and inc["lagging_ranks"] == [CULPRIT], inc["summary"]
         assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
         _one_incident_that_ends_with_the_job(coord, job, inc["id"])
+        agent.check()
+
+
+@pytest.mark.timeout(150)
+def test_both_killed_after_the_job_ended_keep_its_one_incident_ended(tmp_path: Path) -> None:
+    """Issue 27's fault matrix, phase "job ended", `[both]`: the job hangs, the
+    verdict names the rank, the job is stopped and its incident ends; then the
+    coordinator and the node's agent are SIGKILLed and restarted on the same
+    data and run directories. The agent finds only the dead ranks' files and
+    registers none; the restarted coordinator recovers nothing to collect: the
+    one incident stays closed, and every file of the bundle is unchanged."""
+    with _watched_job(tmp_path) as (coord, agent, job):
+        job.hang()
+        [inc] = wait_for(lambda: finished_incidents(coord, JOB), 40, "the incident")
+        assert inc["lagging_ranks"] == [CULPRIT], inc["summary"]
+        job.close()
+        wait_for(
+            lambda: coord.api(f"/api/incidents/{inc['id']}")["open"] is False,
+            30,
+            "the incident to end with the job",
+        )
+        bundle = tmp_path / "data" / "incidents" / inc["id"]
+        held = rank_files(bundle)
+        registered = coord.log().count("registered 0 ranks for job")
+        coord.kill()
+        agent.kill()
+        coord.start()
+        agent.start()
+        # The restarted agent has looked at its run dir: the ranks' files are
+        # a dead job's, so it registers none (and sends no event for them).
+        wait_for(
+            lambda: coord.log().count("registered 0 ranks for job") > registered,
+            40,
+            "the restarted agent to register with the restarted coordinator",
+        )
+        assert "ignoring" in agent.log() and "is not running" in agent.log()
+        rows = coord.api(f"/api/incidents?job={JOB}")
+        assert [r["id"] for r in rows] == [inc["id"]], rows
+        assert coord.api(f"/api/incidents/{inc['id']}")["status"] in ("ended", "resolved")
+        assert rank_files(bundle) == held
         agent.check()
