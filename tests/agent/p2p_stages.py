@@ -44,6 +44,18 @@ def snapshot_when_waiting(out: Path, rank: int) -> None:
     raise SystemExit(f"rank {rank} never saw itself inside all_reduce #5")
 
 
+def settle(rank: int) -> None:
+    """Until this rank's pg_status counts every op it has returned from as
+    completed: gloo marks completion from its own thread after the op returns,
+    and on a loaded machine the last send's lagged (seen: completed 9 of 12)."""
+    for _ in range(600):
+        st = json.loads(c10d_ext._dump_fr_trace_json(includeCollectives=False))["pg_status"]["0"]
+        if int(st["last_completed_collective"]) >= int(st["last_enqueued_collective"]):
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"rank {rank}: its pg_status never counted its own ops completed")
+
+
 def main(store: str, out: Path, rank: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     for _ in range(4):
@@ -58,6 +70,7 @@ def main(store: str, out: Path, rank: int) -> None:
             if all((out / f"rank{r}.json").exists() for r in (0, 2)):
                 break
             time.sleep(0.05)
+        settle(rank)
         snapshot(out, rank)
     else:
         threading.Thread(target=snapshot_when_waiting, args=(out, rank), daemon=True).start()
