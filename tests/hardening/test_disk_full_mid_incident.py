@@ -35,10 +35,19 @@ import pytest
 from hangwatch.wire import rpc
 from tests.hardening.util import analyzer_worker, rank_files, tmpfs, wait_for
 from tests.server.conftest import hang_rank_2, two_nodes
-from tests.support.chaos import CoordinatorProc
+from tests.support.chaos import CoordinatorProc, TmpfsMount
 
 # Room for the store and four ranks' small dumps, many times over.
 SIZE = 16 * 1024 * 1024
+
+
+def _on_tmpfs(data: Path) -> tuple[TmpfsMount, CoordinatorProc]:
+    """A tmpfs over `data` and a coordinator (not started) on it. The protocol
+    agents report only when told: a lost-agent timeout past the test keeps the
+    job live (an ended job would close the incident as ended)."""
+    mnt = tmpfs(data, SIZE)
+    coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
+    return mnt, coord
 
 
 @pytest.mark.timeout(120)
@@ -46,10 +55,7 @@ def test_a_disk_that_fills_while_it_analyses_and_resolves_delays_both_and_loses_
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
-    mnt = tmpfs(data, SIZE)
-    # The protocol agents report only when told: a lost-agent timeout past the
-    # test keeps the job live (an ended job would close the incident as ended).
-    coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
+    mnt, coord = _on_tmpfs(data)
     worker = None
     try:
         with coord, grpc.insecure_channel(coord.grpc) as ch:
@@ -115,9 +121,7 @@ def test_a_disk_that_fills_while_it_analyses_and_resolves_delays_both_and_loses_
 def test_a_disk_full_when_the_hang_begins_opens_its_incident_once_space_frees(
     tmp_path: Path,
 ) -> None:
-    data = tmp_path / "data"
-    mnt = tmpfs(data, SIZE)
-    coord = CoordinatorProc(data, stall_timeout=0.5, dump_deadline=60.0, agent_lost_timeout=300.0)
+    mnt, coord = _on_tmpfs(tmp_path / "data")
     try:
         with coord, grpc.insecure_channel(coord.grpc) as ch:
             # Full before the agents even register: they are taken all the same.

@@ -19,38 +19,11 @@ import pytest
 from hangwatch.agent.client import UNARY_DEADLINE_S, CoordinatorClient, StreamBroken
 
 from hangwatch.config import Config
-from hangwatch.wire import pb
 from tests.hardening.util import ranks_view, wait_for
+from tests.server.conftest import progress_at, rank_infos
 from tests.support.chaos import CoordinatorProc
 
 RANKS = list(range(8))
-
-
-def _infos() -> list[pb.RankInfo]:
-    return [
-        pb.RankInfo(
-            rank=r,
-            local_rank=r,
-            world_size=len(RANKS),
-            pid=30_000 + r,
-            backend="gloo",
-            torch_version="2.13.0",
-            fr_source="worker-server",
-            groups=[pb.GroupInfo(name="0", desc="default_pg", pg_id=0, ranks=RANKS)],
-        )
-        for r in RANKS
-    ]
-
-
-def _progress(completed: int) -> list[pb.RankProgress]:
-    return [
-        pb.RankProgress(
-            rank=r,
-            state=pb.PROCESS_STATE_RUNNING,
-            groups=[pb.GroupProgress(group="0", last_enqueued=completed, last_completed=completed)],
-        )
-        for r in RANKS
-    ]
 
 
 def _completed(coord: CoordinatorProc, rank: int) -> int | None:
@@ -66,8 +39,8 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
             Config.of(coordinator=coord.grpc, job_id="job"), agent_id="node-a", host="host-a"
         )
         try:
-            client.register(_infos())
-            client.report_progress(1, _progress(1))
+            client.register(rank_infos(RANKS, len(RANKS), pid_base=30_000))
+            client.reportprogress_at(RANKS, 1, progress_at(RANKS, 1))
             wait_for(lambda: _completed(coord, 7) == 1, 20, "the first streamed report")
             os.kill(coord.pid, signal.SIGSTOP)
             try:
@@ -76,7 +49,7 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
                 while broken is None and time.monotonic() < end:
                     t0 = time.monotonic()
                     try:
-                        client.report_progress(2 + sent, _progress(2 + sent))
+                        client.reportprogress_at(RANKS, 2 + sent, progress_at(RANKS, 2 + sent))
                         sent += 1
                     except StreamBroken as e:
                         broken = e
@@ -89,7 +62,7 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
             finally:
                 os.kill(coord.pid, signal.SIGCONT)
             # Resumed: a new stream, and its report (every rank) is applied.
-            client.report_progress(10**6, _progress(10**6))
+            client.reportprogress_at(RANKS, 10**6, progress_at(RANKS, 10**6))
             wait_for(lambda: _completed(coord, 7) == 10**6, 20, "the report on a new stream")
         finally:
             client.close()

@@ -371,3 +371,32 @@ def hang_rank_2(
             assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4, host)).complete
         assert ag.complete(iid, sorted(seqs))
     return iid
+
+
+def rank_infos(ranks: list[int], world: int, pid_base: int = 20_000) -> list[pb.RankInfo]:
+    """Registration of `ranks` of a `world`-rank gloo job, all in the default group "0"."""
+    return [
+        pb.RankInfo(
+            rank=r,
+            local_rank=i,
+            world_size=world,
+            pid=pid_base + r,
+            backend="gloo",
+            torch_version="2.13.0",
+            fr_source="worker-server",
+            groups=[pb.GroupInfo(name="0", desc="default_pg", pg_id=0, ranks=list(range(world)))],
+        )
+        for i, r in enumerate(ranks)
+    ]
+
+
+def progress_at(ranks: list[int], completed: int) -> list[pb.RankProgress]:
+    """Every one of `ranks` running, through collective `completed` of group "0"."""
+    return [
+        pb.RankProgress(
+            rank=r,
+            state=pb.PROCESS_STATE_RUNNING,
+            groups=[pb.GroupProgress(group="0", last_enqueued=completed, last_completed=completed)],
+        )
+        for r in ranks
+    ]

@@ -15,35 +15,8 @@ from hangwatch.agent.client import CoordinatorClient, StaleSession
 from hangwatch.server.coordinator import Coordinator
 
 from hangwatch.config import Config
-from hangwatch.wire import pb, rpc
-from tests.server.conftest import ProtocolAgent, wait_for
-
-
-def _infos(ranks: list[int], world: int) -> list[pb.RankInfo]:
-    return [
-        pb.RankInfo(
-            rank=r,
-            local_rank=i,
-            world_size=world,
-            pid=20_000 + r,
-            backend="gloo",
-            torch_version="2.13.0",
-            fr_source="worker-server",
-            groups=[pb.GroupInfo(name="0", desc="default_pg", pg_id=0, ranks=list(range(world)))],
-        )
-        for i, r in enumerate(ranks)
-    ]
-
-
-def _progress(ranks: list[int], completed: int) -> list[pb.RankProgress]:
-    return [
-        pb.RankProgress(
-            rank=r,
-            state=pb.PROCESS_STATE_RUNNING,
-            groups=[pb.GroupProgress(group="0", last_enqueued=completed, last_completed=completed)],
-        )
-        for r in ranks
-    ]
+from hangwatch.wire import rpc
+from tests.server.conftest import ProtocolAgent, progress_at, rank_infos, wait_for
 
 
 @pytest.fixture
@@ -70,9 +43,9 @@ def _completed(coordinator: Coordinator, job: str, rank: int) -> int | None:
 def test_an_agent_streams_and_an_older_agent_calls_on_the_same_coordinator(
     coordinator: Coordinator, client: CoordinatorClient, stub: rpc.CoordinatorStub
 ) -> None:
-    client.register(_infos([0, 1], 2))
+    client.register(rank_infos([0, 1], 2))
     for step in range(1, 6):
-        client.report_progress(step, _progress([0, 1], step))
+        client.report_progress(step, progress_at([0, 1], step))
     wait_for(lambda: _completed(coordinator, "streamed", 1) == 5, 10, "the streamed reports")
     # An agent that knows only ReportProgress, on the same coordinator.
     old = ProtocolAgent(stub, job_id="unary", agent_id="node-b", ranks=[0, 1], world_size=2)
@@ -91,19 +64,19 @@ def test_an_agent_streams_and_an_older_agent_calls_on_the_same_coordinator(
 def test_a_replaced_session_ends_the_stream_and_the_agent_registers_again(
     coordinator: Coordinator, client: CoordinatorClient
 ) -> None:
-    client.register(_infos([0, 1], 2))
-    client.report_progress(1, _progress([0, 1], 1))
+    client.register(rank_infos([0, 1], 2))
+    client.report_progress(1, progress_at([0, 1], 1))
     # The same node registers again elsewhere (a restarted agent): this
     # session is over, and the coordinator says so on the stream.
     other = CoordinatorClient(client.cfg, agent_id="node-a", host="host-a")
     try:
-        other.register(_infos([0, 1], 2))
+        other.register(rank_infos([0, 1], 2))
     finally:
         other.close()
 
     def stale() -> bool:
         try:
-            client.report_progress(2, _progress([0, 1], 2))
+            client.report_progress(2, progress_at([0, 1], 2))
         except StaleSession:
             return True
         time.sleep(0.05)
@@ -112,9 +85,9 @@ def test_a_replaced_session_ends_the_stream_and_the_agent_registers_again(
     wait_for(stale, 10, "the agent to learn its session is gone")
     assert client.session_id == ""
     # Registered again, it streams again on a new stream, every rank in full.
-    client.register(_infos([0, 1], 2))
+    client.register(rank_infos([0, 1], 2))
     assert client.progress_needs_full()
-    client.report_progress(3, _progress([0, 1], 7))
+    client.report_progress(3, progress_at([0, 1], 7))
     wait_for(lambda: _completed(coordinator, "streamed", 0) == 7, 10, "the new stream's report")
 
 
@@ -122,14 +95,14 @@ def test_a_replaced_session_ends_the_stream_and_the_agent_registers_again(
 def test_an_invalid_report_ends_the_stream_with_invalid_argument(
     coordinator: Coordinator, client: CoordinatorClient
 ) -> None:
-    client.register(_infos([0, 1], 2))
-    bad = _progress([0], 1)
+    client.register(rank_infos([0, 1], 2))
+    bad = progress_at([0], 1)
     bad[0].groups[0].last_completed = -5  # below -1: refused by validation
     client.report_progress(1, bad)
 
     def refused() -> bool:
         try:
-            client.report_progress(2, _progress([0, 1], 2))
+            client.report_progress(2, progress_at([0, 1], 2))
         except Exception as e:  # the stream's end, as the agent's sender sees it
             return "INVALID_ARGUMENT" in str(getattr(e, "code", lambda: "")())
         time.sleep(0.05)
@@ -140,5 +113,5 @@ def test_an_invalid_report_ends_the_stream_with_invalid_argument(
     assert coordinator.metrics.value("hangwatch_grpc_requests_total", labels) == 1
     # The next report opens a new stream and is applied.
     assert client.progress_needs_full()
-    client.report_progress(3, _progress([0, 1], 4))
+    client.report_progress(3, progress_at([0, 1], 4))
     wait_for(lambda: _completed(coordinator, "streamed", 1) == 4, 10, "the new stream's report")
