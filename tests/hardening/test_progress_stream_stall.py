@@ -40,7 +40,7 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
         )
         try:
             client.register(rank_infos(RANKS, len(RANKS), pid_base=30_000))
-            client.reportprogress_at(RANKS, 1, progress_at(RANKS, 1))
+            client.report_progress(1, progress_at(RANKS, 1))
             wait_for(lambda: _completed(coord, 7) == 1, 20, "the first streamed report")
             os.kill(coord.pid, signal.SIGSTOP)
             try:
@@ -49,7 +49,7 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
                 while broken is None and time.monotonic() < end:
                     t0 = time.monotonic()
                     try:
-                        client.reportprogress_at(RANKS, 2 + sent, progress_at(RANKS, 2 + sent))
+                        client.report_progress(2 + sent, progress_at(RANKS, 2 + sent))
                         sent += 1
                     except StreamBroken as e:
                         broken = e
@@ -62,7 +62,7 @@ def test_a_stopped_coordinator_never_blocks_the_streaming_agent(tmp_path: Path) 
             finally:
                 os.kill(coord.pid, signal.SIGCONT)
             # Resumed: a new stream, and its report (every rank) is applied.
-            client.reportprogress_at(RANKS, 10**6, progress_at(RANKS, 10**6))
+            client.report_progress(10**6, progress_at(RANKS, 10**6))
             wait_for(lambda: _completed(coord, 7) == 10**6, 20, "the report on a new stream")
         finally:
             client.close()
