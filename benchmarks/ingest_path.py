@@ -109,9 +109,13 @@ def measure(ranks: int, rounds: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4096)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--ranks", type=int, default=4096, help="simulated ranks, 8 per agent (multiple of 32)"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=5, help="passes over every agent's report; the median is kept"
+    )
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     res = measure(args.ranks, args.rounds)
     if args.json:

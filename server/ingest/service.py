@@ -233,18 +233,27 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self._ok(method)
         return True
 
-    async def ReportProgress(
-        self, request: pb.ProgressReport, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ProgressAck:
+    async def _progress(
+        self,
+        method: str,
+        request: pb.ProgressReport,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> bool:
+        """One progress report, unary or streamed: False for an unknown session."""
         known = await self._apply_known(
-            "ReportProgress",
+            method,
             context,
-            lambda: validate.progress_report(request),
-            lambda: self.registry.report_progress(request),
+            functools.partial(validate.progress_report, request),
+            functools.partial(self.registry.report_progress, request),
         )
         if known and self.stragglers is not None:
             self.stragglers.observe(request)
-        return pb.ProgressAck(known=known)
+        return known
+
+    async def ReportProgress(
+        self, request: pb.ProgressReport, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ProgressAck:
+        return pb.ProgressAck(known=await self._progress("ReportProgress", request, context))
 
     async def StreamProgress(
         self,
@@ -254,17 +263,9 @@ class CoordinatorService(rpc.CoordinatorServicer):
         """ReportProgress's work per message, without a call per report: the
         stream answers only a report whose session is unknown, and then ends."""
         async for request in request_iterator:
-            known = await self._apply_known(
-                "StreamProgress",
-                context,
-                functools.partial(validate.progress_report, request),
-                functools.partial(self.registry.report_progress, request),
-            )
-            if not known:
+            if not await self._progress("StreamProgress", request, context):
                 yield pb.ProgressAck(known=False, report_seq=request.report_seq)
                 return
-            if self.stragglers is not None:
-                self.stragglers.observe(request)
 
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]

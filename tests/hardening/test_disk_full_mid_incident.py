@@ -33,7 +33,7 @@ import grpc
 import pytest
 
 from hangwatch.wire import rpc
-from tests.hardening.util import analyzer_worker, rank_files, tmpfs, wait_for
+from tests.hardening.util import analyzer_worker, rank_2_named, rank_files, tmpfs, wait_for
 from tests.server.conftest import hang_rank_2, two_nodes
 from tests.support.chaos import CoordinatorProc, TmpfsMount
 
@@ -81,14 +81,7 @@ def test_a_disk_that_fills_while_it_analyses_and_resolves_delays_both_and_loses_
             assert rank_files(bundle) == held
 
             mnt.free()
-            row = wait_for(
-                lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
-                30,
-                "the verdict once space is freed",
-            )
-            assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
-            assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
-            assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+            rank_2_named(coord, iid, "the verdict once space is freed")
             assert rank_files(bundle) == held
             assert json.loads(doc.read_text())["ranks_dumped"] == [0, 1, 2, 3]
 
@@ -141,13 +134,7 @@ def test_a_disk_full_when_the_hang_begins_opens_its_incident_once_space_frees(
                 mnt.free()
 
             iid = hang_rank_2(a, b, seq=5, on_stalled=while_full)
-            row = wait_for(
-                lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
-                30,
-                "the verdict",
-            )
-            assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
-            assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+            rank_2_named(coord, iid, "the verdict")
             a.close()
             b.close()
     finally:

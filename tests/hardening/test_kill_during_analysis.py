@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from hangwatch.wire import rpc
-from tests.hardening.util import analyzer_worker, rank_files, wait_for
+from tests.hardening.util import analyzer_worker, rank_2_named, rank_files, wait_for
 from tests.server.conftest import hang_rank_2, two_nodes
 from tests.support.chaos import CoordinatorProc
 
@@ -52,14 +52,7 @@ def test_a_coordinator_killed_while_it_analyses_finishes_its_one_incident(
         coord.start()
         # Every dump is on disk: the restarted coordinator analyses them at once,
         # without waiting for the agents to come back.
-        row = wait_for(
-            lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
-            30,
-            "the recovered incident's verdict",
-        )
-        assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
-        assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
-        assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+        rank_2_named(coord, iid, "the recovered incident's verdict")
         # What the nodes sent is all there, byte for byte.
         assert rank_files(bundle) == held and len(held) == 8
         json.loads(doc.read_text())  # whole, not half-written

@@ -100,3 +100,18 @@ def rank_files(bundle: Path) -> dict[str, str]:
         str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(bundle.glob("rank_*/*"))
     }
+
+
+def rank_2_named(coord: CoordinatorProc, iid: str, what: str) -> dict[str, Any]:
+    """Wait for incident `iid` (of job "job": two protocol nodes, rank 2 never
+    entered #5) to be analysed; check it names rank 2 with every rank dumped
+    and is the job's only incident. Returns its detail."""
+    row: dict[str, Any] = wait_for(
+        lambda: (r := coord.api(f"/api/incidents/{iid}"))["status"] == "analyzed" and r,
+        30,
+        what,
+    )
+    assert (row["verdict"], row["lagging_ranks"]) == ("hang", [2]), row["summary"]
+    assert row["ranks_dumped"] == [0, 1, 2, 3] and row["ranks_unreachable"] == {}
+    assert [r["id"] for r in coord.api("/api/incidents?job=job")] == [iid]
+    return row
