@@ -151,7 +151,6 @@ class ProgressStream:
         try:
             self._q.put_nowait(req)
         except queue.Full:
-            self.close()
             raise StreamBroken(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"the coordinator read none of the last {STREAM_BACKLOG} progress reports",

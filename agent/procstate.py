@@ -75,19 +75,18 @@ class RunqueueWait:
     processes beside them, read "ranks 0-2 idle" for 13 s and were paged.
     """
 
-    def __init__(self, max_pids: int = 1024) -> None:
+    def __init__(self) -> None:
         self.total_ns = 0
         self._last: dict[int, int] = {}
-        self._max_pids = max_pids
 
     def update(self, waits: dict[int, int]) -> int:
         for pid, ns in waits.items():
             prev = self._last.get(pid)
             if prev is not None and ns > prev:
                 self.total_ns += ns - prev
-        # Only the processes read this poll: exited ones drop out, so the
-        # map stays as small as the rank's process tree.
-        self._last = dict(list(waits.items())[: self._max_pids])
+        # Only the processes read this poll (at most MAX_DESCENDANTS + 1):
+        # exited ones drop out.
+        self._last = waits
         return self.total_ns
 
 

@@ -20,8 +20,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
-from hangwatch.agent.procstate import process_sample
+from hangwatch.agent.procstate import RunqueueWait, process_sample
 
 from hangwatch import hook_protocol
 
@@ -45,12 +46,26 @@ def _median_us(fn: object, pid: int, repeats: int) -> float:
     return statistics.median(times) / 1000
 
 
+def _polled(acc: RunqueueWait) -> Callable[[int], None]:
+    """One poll of a rank as the agent makes it: CPU time and run-queue wait."""
+
+    def poll(pid: int) -> None:
+        waits: dict[int, int] = {}
+        process_sample(pid, None, waits)
+        acc.update(waits)
+
+    return poll
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--children", type=int, nargs="+", default=[0, 4, 16])
     ap.add_argument("--repeats", type=int, default=2000)
     a = ap.parse_args()
-    print("children | anchor: stat only (us) | process_sample (us) | ratio")
+    print(
+        "children | anchor: stat only (us) | process_sample (us) | ratio "
+        "| with run-queue wait, as the agent polls (us) | ratio"
+    )
     for n in a.children:
         p = subprocess.Popen(
             [sys.executable, "-c", PARENT, str(n)],
@@ -62,7 +77,11 @@ def main() -> None:
             time.sleep(0.5)  # the children's interpreters are up
             anchor = _median_us(hook_protocol.proc_stat_fields, p.pid, a.repeats)
             sample = _median_us(process_sample, p.pid, a.repeats)
-            print(f"{n:8d} | {anchor:22.1f} | {sample:19.1f} | {sample / anchor:5.1f}x")
+            full = _median_us(_polled(RunqueueWait()), p.pid, a.repeats)
+            print(
+                f"{n:8d} | {anchor:22.1f} | {sample:19.1f} | {sample / anchor:5.1f}x "
+                f"| {full:44.1f} | {full / anchor:5.1f}x"
+            )
         finally:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()

@@ -53,10 +53,10 @@ def _realtime(item: pytest.Item) -> bool:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Once per worker process: the light group's worker never runs a realtime
     # test, so its priority is lowered once and never raised again.
-    if item.get_closest_marker("xdist_group") is None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
         return
-    group = item.get_closest_marker("xdist_group").args[0]  # type: ignore[union-attr]
-    if group == LIGHT_GROUP and os.getpriority(os.PRIO_PROCESS, 0) < LIGHT_NICENESS:
+    if marker.args[0] == LIGHT_GROUP and os.getpriority(os.PRIO_PROCESS, 0) < LIGHT_NICENESS:
         os.setpriority(os.PRIO_PROCESS, 0, LIGHT_NICENESS)
 
 

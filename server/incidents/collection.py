@@ -60,10 +60,11 @@ class Collection:
     finalizing: bool = False
     tail_context: int = 0  # > 0: agents upload FR tails first (two-phase collection)
     # A finalize the coordinator's disk refused (full): not before this
-    # (coordinator monotonic), and with the analysis it already made of the
-    # ranks dumped then, if any (dumps that land meanwhile make it stale).
+    # (coordinator monotonic), and with the verdict it already made for that
+    # outcome, (dumped, unreachable) -> report, if any (dumps that land
+    # meanwhile change the outcome, and the analysis is made again).
     retry_at: float = float("-inf")
-    analysed: tuple[frozenset[int], Report] | None = None
+    analysed: tuple[tuple[frozenset[int], frozenset[tuple[int, str]]], Report] | None = None
 
     # An incident a previous coordinator left collecting: its agents are asked
     # again once they re-register (they kept their dumps), until `deadline`.

@@ -8,7 +8,6 @@ called unobserved rather than guilty.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -61,12 +60,12 @@ def analyse_and_store(
     write_incident_json(bundle, inc, None, dumped=dumped, unreachable=unreachable)
     write_unreachable_meta(inc, bundle, unreachable, registry.rank_meta)
     t0 = time.monotonic()
-    # An attempt the full disk refused may have analysed these same dumps.
-    if inc.analysed is None or inc.analysed[0] != dumped:
-        inc.analysed = (frozenset(dumped), analyze(bundle, inc.world_size))
+    # An attempt the full disk refused may have made this same verdict.
+    outcome = (frozenset(dumped), frozenset(unreachable.items()))
+    if inc.analysed is None or inc.analysed[0] != outcome:
+        inc.analysed = (outcome, mark_unobserved(analyze(bundle, inc.world_size), unreachable))
         metrics.observe("hangwatch_analysis_seconds", time.monotonic() - t0)
-    # A copy: marking appends findings, and a refused attempt marks again.
-    report = mark_unobserved(copy.deepcopy(inc.analysed[1]), unreachable)
+    report = inc.analysed[1]
     detection_s = registry.now() - inc.onset
     store.finish_incident(inc.incident_id, report=report, detection_s=detection_s)
     metrics.inc(

@@ -124,8 +124,9 @@ class IncidentManager:
         # analysed in. At thousands of ranks many agents can answer just past the
         # deadline: their results coalesce into one re-analysis, not one each.
         self._late: dict[str, set[int]] = {}
-        # Incidents whose lifecycle change, and jobs whose new incident, the
-        # full disk refused: said once, not on every tick.
+        # Incidents whose verdict or state change, and jobs whose new incident,
+        # the full disk refused: said and counted once, not on every attempt
+        # (`_refused`).
         self._full_noted: set[str] = set()
         self._full_jobs: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="hangwatch-detector", daemon=True)
@@ -283,18 +284,14 @@ class IncidentManager:
                 elif (quiet := self.registry.quiet(job_id)) is not None:
                     self._on_quiet(job_id, quiet)
             except Exception as e:
-                if not disk_full(e):
-                    log.exception("job %s: stall detection failed", job_id)
-                elif job_id not in self._full_jobs:
-                    # Tried again every tick while the hang lasts: said once.
-                    self._full_jobs.add(job_id)
-                    self.metrics.inc("hangwatch_incident_writes_deferred_total")
-                    log.error(
-                        "job %s: cannot open an incident, the data directory is full (%s); "
-                        "the stall is shown live and the incident opens once space frees",
-                        job_id,
-                        e,
-                    )
+                self._refused(
+                    self._full_jobs,
+                    job_id,
+                    e,
+                    f"job {job_id}: stall detection failed",
+                    f"job {job_id}: cannot open an incident: the stall is shown live, and "
+                    "the incident opens once space frees",
+                )
                 continue
             self._full_jobs.discard(job_id)
         self._ask_recovered()
@@ -321,17 +318,14 @@ class IncidentManager:
                 if step(w, registry=self.registry, store=self.store, metrics=self.metrics):
                     done.append(w.incident_id)
             except Exception as e:
-                if not disk_full(e):
-                    log.exception("incident %s: lifecycle check failed", w.incident_id)
-                elif w.incident_id not in self._full_noted:
-                    # Tried again every tick: said once, not twice a second.
-                    self._full_noted.add(w.incident_id)
-                    log.error(
-                        "incident %s: the data directory is full (%s); its state change "
-                        "waits and is stored once space frees",
-                        w.incident_id,
-                        e,
-                    )
+                self._refused(
+                    self._full_noted,
+                    w.incident_id,
+                    e,
+                    f"incident {w.incident_id}: lifecycle check failed",
+                    f"incident {w.incident_id}: its state change waits and is stored once "
+                    "space frees",
+                )
                 continue
             self._full_noted.discard(w.incident_id)
         if done:
@@ -474,18 +468,34 @@ class IncidentManager:
             record_failure(inc, e, store=self.store, metrics=self.metrics)
         self._close(inc, report)
 
+    def _refused(
+        self, noted: set[str], key: str, error: Exception, failed: str, waits: str
+    ) -> None:
+        """A step that raised and is tried again (every tick, or every
+        DISK_FULL_RETRY_S). A full data directory is said and counted once per
+        `key` until the step succeeds and the caller discards the key, not on
+        every attempt; any other error is logged with its traceback each time."""
+        if not disk_full(error):
+            log.error("%s", failed, exc_info=error)
+            return
+        if key in noted:
+            return
+        noted.add(key)
+        self.metrics.inc("hangwatch_incident_writes_deferred_total")
+        log.error("%s (the data directory is full: %s)", waits, error)
+
     def _wait_for_space(self, inc: Collection, error: Exception) -> None:
         """The disk refused the verdict: the incident stays open, collecting
         (every dump it holds stays; agents keep their copies), and is finalized
-        again once space frees, with the analysis already made. Marking it
+        again once space frees, with the verdict already made. Marking it
         failed would lose a verdict that every dump on disk still supports."""
-        self.metrics.inc("hangwatch_incident_writes_deferred_total")
-        log.error(
-            "incident %s: the data directory is full (%s); its verdict waits and is "
-            "stored once space frees (tried again every %.0fs)",
+        self._refused(
+            self._full_noted,
             inc.incident_id,
             error,
-            DISK_FULL_RETRY_S,
+            f"incident {inc.incident_id}: finalizing failed",
+            f"incident {inc.incident_id}: its verdict waits and is stored once space "
+            f"frees (tried again every {DISK_FULL_RETRY_S:.0f}s)",
         )
         with self._idle:
             inc.retry_at = self.registry.now() + DISK_FULL_RETRY_S
@@ -494,6 +504,7 @@ class IncidentManager:
 
     def _close(self, inc: Collection, report: Report | None) -> None:
         """The incident leaves collection: analysed (`report`) or failed."""
+        self._full_noted.discard(inc.incident_id)
         opened: float | None = None
         with self._idle:
             self._collecting.pop(inc.incident_id, None)

@@ -219,16 +219,18 @@ class SimAgent(DumpUploads):
                 if pick is not None:
                     del report.ranks[:]
                     report.ranks.extend(pick[0])
+                    # On a stream an unknown session is answered later (_read_acks).
+                    known = True
                     if streaming:
                         await self._stream_report(report)
-                        ack = pb.ProgressAck(known=True)  # an unknown session ends the stream
                     else:
                         ack = await self.stub.ReportProgress(
                             report, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
                         )
+                        known = ack.known
                     self.stats.reports_sent += 1
                     self.stats.rank_reports_sent += len(pick[0])
-                    if ack.known:
+                    if known:
                         self.delta.commit(pick[0], pick[1], time.monotonic())
                     else:
                         self.stats.reports_unknown += 1
