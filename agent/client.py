@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 import grpc
 
-from hangwatch import __version__
+from hangwatch import __version__, progress_columns
 from hangwatch.config import Config
 from hangwatch.wire import message_size_options, pb, rpc
 
@@ -185,6 +185,10 @@ class CoordinatorClient:
         # (RegisterResponse.progress_stream); used by the sender thread only.
         self._use_stream = False
         self._stream: ProgressStream | None = None
+        # Progress goes as columns where the coordinator reads them
+        # (RegisterResponse.progress_columns), indexed by this session's group table.
+        self._use_columns = False
+        self._groups: dict[str, int] = {}
 
     # --- session ----------------------------------------------------------
 
@@ -227,6 +231,8 @@ class CoordinatorClient:
             self.poll_interval_hint = resp.poll_interval_s
             self.heartbeat_hint = resp.heartbeat_s
             self._use_stream = resp.progress_stream
+            self._use_columns = resp.progress_columns
+            self._groups = progress_columns.group_table(ranks)
             self._registered.set()
         self._end_stream()  # its session is over
         log.info(
@@ -244,10 +250,14 @@ class CoordinatorClient:
         clock_offset_ns: int = 0,
         clock_error_ns: int = 0,
     ) -> None:
+        columns = None
+        if self._use_columns:
+            columns, ranks = progress_columns.encode(ranks, self._groups)
         req = pb.ProgressReport(
             **self._sender(),
             report_seq=seq,
             ranks=ranks,
+            columns=columns,
             clock_offset_ns=clock_offset_ns,
             clock_error_ns=clock_error_ns,
         )

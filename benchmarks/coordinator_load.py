@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "job": job,
         "fleet_nice": args.fleet_nice,
         "fleet_transport": args.fleet_transport,
+        "fleet_form": args.fleet_form,
         "compress": not args.no_compress,
     }
     coord = CoordinatorProcess(
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         compress=not args.no_compress,
         nice=args.fleet_nice,
         transport=args.fleet_transport,
+        form=args.fleet_form,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -246,17 +248,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             and out["incidents"] == 1
         )
 
-        # The first transport is the anchor: the others print a ratio to it.
-        for transport in args.ingest_transports.split(",") if args.ingest_s > 0 else ():
+        # The first variant is the anchor: the others print a ratio to it.
+        for variant in args.ingest_variants.split(",") if args.ingest_s > 0 else ():
+            transport, _, form = variant.partition("/")
             before = fleet.stats()["rank_reports_sent"]
             probe = IngestProbe(
                 IngestSpec(
                     target=coord.grpc,
-                    job_id=f"ingest-{args.ranks}-{transport}",
+                    job_id=f"ingest-{args.ranks}-{transport}-{form or 'columns'}",
                     ranks=args.ranks,
                     seconds=args.ingest_s,
                     in_flight=args.ingest_in_flight,
                     transport=transport,
+                    form=form or "columns",
                 )
             )
             res = probe.wait(timeout=120 + args.ingest_s)
@@ -267,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             per = cpu["cpu_s"] / max(1, res["rank_reports"]) * 1e6
             ingest = out.setdefault("ingest", {})
             anchor = next(iter(ingest.values()), None)
-            ingest[transport] = {
+            ingest[variant] = {
                 **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()},
                 "coordinator_cores": round(cpu["cores"], 3),
                 "background_rank_reports": background,
@@ -276,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     per / anchor["coordinator_cpu_us_per_rank_report"] if anchor else 1.0, 3
                 ),
             }
-            out.setdefault("ingest_reports_per_s", {})[transport] = round(res["rank_reports_per_s"])
+            out.setdefault("ingest_reports_per_s", {})[variant] = round(res["rank_reports_per_s"])
         out["coordinator_peak_rss_mb"] = round(proc_status_kb(pid, "VmHWM") / 1024, 1)
         out["coordinator_cpu_total_s"] = round(proc_cpu_s(pid), 1)
     finally:
@@ -344,9 +348,15 @@ def main(argv: list[str] | None = None) -> int:
         help="how the simulated job's agents send progress (unary: as older agents)",
     )
     p.add_argument(
-        "--ingest-transports",
-        default="unary,stream",
-        help="progress transports to flood, in order; the first is the anchor",
+        "--fleet-form",
+        choices=("columns", "messages"),
+        default="columns",
+        help="how the simulated job's agents write ranks (messages: as older agents)",
+    )
+    p.add_argument(
+        "--ingest-variants",
+        default="unary/messages,stream/messages,stream/columns",
+        help="TRANSPORT/FORM pairs to flood, in order; the first is the anchor",
     )
     p.add_argument("--analyze-budget-s", type=float, default=900.0)
     p.add_argument("--keep", help="data dir to use and keep (default: a temp dir)")

@@ -56,7 +56,9 @@ def _median_us(fn: Callable[[int], None], n: int, rounds: int) -> float:
     return statistics.median(out)
 
 
-async def _build(ranks: int) -> tuple[FleetState, JobRegistry, _Clock, list[list[bytes]]]:
+async def _build(
+    ranks: int, form: str
+) -> tuple[FleetState, JobRegistry, _Clock, list[list[bytes]]]:
     spec = FleetSpec(target="127.0.0.1:1", job_id="bench", ranks=ranks, epoch=time.time())
     fleet = FleetState(spec)
     clock = _Clock()
@@ -65,16 +67,21 @@ async def _build(ranks: int) -> tuple[FleetState, JobRegistry, _Clock, list[list
     bodies: list[list[bytes]] = []
     for a in fleet.agents:
         a.session_id = registry.register(a.register_request())
+        a.coordinator_reads_columns = form == "columns"
         pair = [a.progress_report(now + k * OPS_PER_STEP * spec.op_s) for k in range(2)]
-        bodies.append([r.SerializeToString() for r in pair])
+        bodies.append([a.as_sent(r).SerializeToString() for r in pair])
     await asyncio.gather(*(a.channel.close() for a in fleet.agents))
     return fleet, registry, clock, bodies
 
 
-def measure(ranks: int, rounds: int) -> dict[str, Any]:
-    fleet, registry, clock, bodies = asyncio.run(_build(ranks))
+def _measure_form(form: str, ranks: int, rounds: int) -> tuple[dict[str, float], int, int]:
+    """(µs per report of each step, reports, bytes per report) for one wire form."""
+    fleet, registry, clock, bodies = asyncio.run(_build(ranks, form))
     n = len(bodies)
     parsed = [[pb.ProgressReport.FromString(b) for b in pair] for pair in bodies]
+    # What validation hands the registry (the columns unpacked), made once here
+    # so that "apply" times the registry alone.
+    checked = [[validate.progress_report(r) for r in pair] for pair in parsed]
     seq = [0]
 
     def parse(i: int) -> None:
@@ -88,23 +95,34 @@ def measure(ranks: int, rounds: int) -> dict[str, Any]:
         req = parsed[i][seq[0] % 2]
         req.report_seq = seq[0]
         clock.t += 1e-4
-        registry.report_progress(req)
+        registry.report_progress(req, checked[i][seq[0] % 2])
 
-    anchor = _median_us(parse, n, rounds)
-    rows = {"parse (anchor)": anchor, "validate": _median_us(check, n, rounds)}
+    rows = {"parse": _median_us(parse, n, rounds), "validate": _median_us(check, n, rounds)}
     rows["apply"] = _median_us(apply, n, rounds)
     fleet.close()
-    total = sum(rows.values())
-    return {
-        "ranks": ranks,
-        "agents": n,
-        "ranks_per_report": RANKS_PER_AGENT,
-        "report_bytes": len(bodies[0][0]),
-        "us_per_report": rows,
-        "us_per_rank_report": {k: v / RANKS_PER_AGENT for k, v in rows.items()},
-        "ratio_to_anchor": {k: v / anchor for k, v in rows.items()},
-        "total_us_per_rank_report": total / RANKS_PER_AGENT,
-    }
+    return rows, n, len(bodies[0][0])
+
+
+def measure(ranks: int, rounds: int) -> dict[str, Any]:
+    """Both wire forms; the anchor is the parse of the per-rank messages."""
+    out: dict[str, Any] = {"ranks": ranks, "ranks_per_report": RANKS_PER_AGENT}
+    anchor = 0.0
+    for form in ("messages", "columns"):
+        rows, n, size = _measure_form(form, ranks, rounds)
+        anchor = anchor or rows["parse"]
+        total = sum(rows.values())
+        out[form] = {
+            "agents": n,
+            "report_bytes": size,
+            "us_per_report": rows,
+            "us_per_rank_report": {k: v / RANKS_PER_AGENT for k, v in rows.items()},
+            "ratio_to_anchor": {k: v / anchor for k, v in rows.items()},
+            "total_us_per_rank_report": total / RANKS_PER_AGENT,
+        }
+    out["columns_over_messages"] = (
+        out["columns"]["total_us_per_rank_report"] / out["messages"]["total_us_per_rank_report"]
+    )
+    return out
 
 
 def main() -> int:
@@ -121,13 +139,17 @@ def main() -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"{res['ranks']} ranks, {res['agents']} reports of {res['report_bytes']} bytes")
-    for k, v in res["us_per_report"].items():
-        print(
-            f"  {k:<16} {v:8.1f} µs/report {res['us_per_rank_report'][k]:7.2f} µs/rank "
-            f"{res['ratio_to_anchor'][k]:6.2f}x anchor"
-        )
-    print(f"  total            {res['total_us_per_rank_report']:.2f} µs per rank report")
+    for form in ("messages", "columns"):
+        f = res[form]
+        print(f"{form}: {res['ranks']} ranks, {f['agents']} reports of {f['report_bytes']} bytes")
+        for k, v in f["us_per_report"].items():
+            label = f"{k} (anchor)" if (form, k) == ("messages", "parse") else k
+            print(
+                f"  {label:<16} {v:8.1f} µs/report {f['us_per_rank_report'][k]:7.2f} µs/rank "
+                f"{f['ratio_to_anchor'][k]:6.2f}x anchor"
+            )
+        print(f"  total            {f['total_us_per_rank_report']:.2f} µs per rank report")
+    print(f"columns / messages: {res['columns_over_messages']:.2f}")
     return 0
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hmac
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import grpc
 from hangwatch.server.incidents.manager import IncidentManager
@@ -38,7 +37,7 @@ from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry, StaleSession
 from hangwatch.server.live.stragglers import StragglerMonitor
 
-from hangwatch import __version__
+from hangwatch import __version__, progress_columns
 from hangwatch.wire import pb, rpc
 
 log = logging.getLogger(__name__)
@@ -51,6 +50,10 @@ UNAUTHENTICATED_METHODS = frozenset({f"/{SERVICE}/Health"})
 STREAM_RECHECK_S = 1.0
 # Incidents whose (job, expected ranks) the upload path keeps at hand.
 INCIDENT_KEY_CACHE = 64
+
+# hangwatch_progress_ranks_total's two series.
+_COLUMNS: Final = {"form": "columns"}
+_MESSAGES: Final = {"form": "messages"}
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):
@@ -211,21 +214,20 @@ class CoordinatorService(rpc.CoordinatorServicer):
             # Three heartbeats per lost-agent timeout: one late report is not a loss.
             heartbeat_s=self.registry.agent_lost_timeout / 3,
             progress_stream=True,
+            progress_columns=True,
         )
 
     async def _apply_known(
         self,
         method: str,
         context: grpc.aio.ServicerContext[Any, Any],
-        check: Callable[[], None],
         apply: Callable[[], None],
     ) -> bool:
-        """Validate then apply an agent report; False when its session is
-        unknown (the ack tells the agent to re-register)."""
+        """Validate and apply an agent report (`apply` does both); False when
+        its session is unknown (the ack tells the agent to re-register)."""
         try:
-            check()
             apply()
-        except Invalid as e:
+        except (Invalid, progress_columns.ColumnsError) as e:
             await self._fail(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except StaleSession:
             self._ok(method)
@@ -240,14 +242,21 @@ class CoordinatorService(rpc.CoordinatorServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bool:
         """One progress report, unary or streamed: False for an unknown session."""
-        known = await self._apply_known(
-            method,
-            context,
-            functools.partial(validate.progress_report, request),
-            functools.partial(self.registry.report_progress, request),
-        )
-        if known and self.stragglers is not None:
-            self.stragglers.observe(request)
+        columns: progress_columns.Columns | None = None
+
+        def apply() -> None:
+            nonlocal columns
+            columns = validate.progress_report(request)  # unpacked once, read twice
+            self.registry.report_progress(request, columns)
+
+        known = await self._apply_known(method, context, apply)
+        if known:
+            if request.ranks:
+                self.metrics.inc("hangwatch_progress_ranks_total", len(request.ranks), _MESSAGES)
+            if columns is not None:
+                self.metrics.inc("hangwatch_progress_ranks_total", len(columns.rank), _COLUMNS)
+            if self.stragglers is not None:
+                self.stragglers.observe(request, columns)
         return known
 
     async def ReportProgress(
@@ -270,12 +279,12 @@ class CoordinatorService(rpc.CoordinatorServicer):
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EntryAck:
-        known = await self._apply_known(
-            "ReportEntries",
-            context,
-            lambda: validate.entry_batch(request),
-            lambda: self.registry.report_entries(request),
-        )
+
+        def apply() -> None:
+            validate.entry_batch(request)
+            self.registry.report_entries(request)
+
+        known = await self._apply_known("ReportEntries", context, apply)
         return pb.EntryAck(known=known)
 
     async def ReportEvent(

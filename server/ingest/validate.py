@@ -14,6 +14,7 @@ from typing import Final, Protocol
 from hangwatch.server.incidents.store import INCIDENT_ID_RE
 from hangwatch.server.live.registry import MAX_GROUPS_PER_RANK, MAX_RANKS_PER_AGENT, MAX_WORLD_SIZE
 
+from hangwatch import progress_columns
 from hangwatch.wire import pb
 
 MAX_ID_LEN: Final = 128
@@ -138,7 +139,9 @@ def register_request(req: pb.RegisterRequest) -> None:
         raise Invalid(f"ranks disagree on world_size: {sorted(world_sizes)}")
 
 
-def progress_report(req: pb.ProgressReport) -> None:
+def progress_report(req: pb.ProgressReport) -> progress_columns.Columns | None:
+    """Check a report; returns its columns unpacked (None without any), for
+    the registry and the straggler monitor to read without unpacking again."""
     sender(req)
     at_most(req.ranks, MAX_RANKS_PER_AGENT, "ranks in one report")
     for rp in req.ranks:
@@ -148,6 +151,23 @@ def progress_report(req: pb.ProgressReport) -> None:
             group_name(gp.group)
             if gp.last_enqueued < -1 or gp.last_completed < -1:
                 raise Invalid(f"rank {rp.rank} group {gp.group!r}: sequence numbers below -1")
+    if not req.HasField("columns"):
+        return None
+    try:
+        c = progress_columns.decode(req.columns)
+    except progress_columns.ColumnsError as e:
+        raise Invalid(str(e)) from None
+    # Whole columns at a time: min and max run in C over the tuples.
+    at_most(c.rank, MAX_RANKS_PER_AGENT - len(req.ranks), "column ranks beside the others")
+    if c.rank and (min(c.rank) < 0 or max(c.rank) >= MAX_WORLD_SIZE):
+        raise Invalid(f"columns.rank: outside [0, {MAX_WORLD_SIZE})")
+    if req.ranks and not {rp.rank for rp in req.ranks}.isdisjoint(c.rank):
+        raise Invalid("a rank is both in ranks and in columns")
+    if c.cell_rank and (min(c.last_enqueued) < -1 or min(c.last_completed) < -1):
+        raise Invalid("columns: sequence numbers below -1")
+    for op in c.ops:
+        text("in-flight op", op)
+    return c
 
 
 def entry_batch(req: pb.EntryBatch) -> None:

@@ -100,6 +100,13 @@ FAMILIES: Final = (
         buckets=ANALYSIS_BUCKETS,
     ),
     Family(
+        name="hangwatch_progress_ranks_total",
+        kind="counter",
+        help="Rank reports applied, by wire form: columns, or messages (ProgressReport.ranks:"
+        " agents older than the columns, and ranks in groups made after registering).",
+        labels=("form",),
+    ),
+    Family(
         name="hangwatch_grpc_requests_total",
         kind="counter",
         help="gRPC calls handled, by method and status code.",

@@ -128,6 +128,9 @@ class AgentRecord:
     lost: bool = False
     report_seq: int = 0
     mailbox: Mailbox = field(default_factory=Mailbox)
+    # The session's group table (progress_columns.group_table of its
+    # RegisterRequest): ProgressColumns.cell_group indexes it.
+    group_names: tuple[str, ...] = ()
 
 
 @dataclass

@@ -38,7 +38,7 @@ from hangwatch.server.live.views import (
     stopped_reason,
 )
 
-from hangwatch import formats
+from hangwatch import formats, progress_columns
 from hangwatch.formats import JobStopped, MissingReason
 from hangwatch.wire import COLLECTIVES_UNKNOWN, EXITED_PROCESS_STATES, pb, process_state_name
 
@@ -187,6 +187,7 @@ class JobRegistry:
                 registered=now,
                 last_report=now,
                 agent_version=req.agent_version,
+                group_names=tuple(progress_columns.group_table(req.ranks)),
             )
             job.agents[req.agent_id] = agent
             self._sessions[session_id] = (req.job_id, req.agent_id)
@@ -248,7 +249,11 @@ class JobRegistry:
             if self._sessions.get(session_id) != (job_id, agent_id):
                 raise StaleSession(session_id)
 
-    def report_progress(self, req: pb.ProgressReport) -> None:
+    def report_progress(
+        self, req: pb.ProgressReport, columns: progress_columns.Columns | None = None
+    ) -> None:
+        """Apply a report: its `ranks`, and `columns` (req.columns, unpacked and
+        checked by ingest.validate) when it had any."""
         now = self._clock()
         with self._lock:
             job, agent = self._live(req.session_id, req.job_id, req.agent_id)
@@ -260,31 +265,114 @@ class JobRegistry:
             job.last_seen = now
             moved = False
             for rp in req.ranks:
-                if rp.rank not in agent.ranks:
-                    raise StaleSession(f"rank {rp.rank} was not registered by {req.agent_id}")
-                r = job.ranks[rp.rank]
-                r.process_state = process_state_name(rp.state)
-                r.finished = rp.finished
-                r.fr_age_s = rp.fr_age_s
-                r.last_report = now
-                # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
+                r = self._reported_rank(job, agent, rp.rank)
                 demand = rp.cpu_time_ns + rp.runqueue_wait_ns if rp.cpu_time_ns else 0
-                r.cpu.note(now, demand, self.stall_timeout)
-                r.in_compile = rp.in_compile
+                self._apply_rank(r, now, rp.state, rp.finished, rp.fr_age_s, demand, rp.in_compile)
                 for gp in rp.groups:
-                    rg = r.groups.get(gp.group)
-                    g = job.groups.get(gp.group)
-                    if rg is None or g is None:
-                        continue  # a group it never registered: membership unknown
-                    # A rank's first numbers (a new process, or a coordinator
-                    # that never saw it) are where it starts, not progress.
-                    baseline = not rg.reported
-                    if _apply_group_progress(rg, gp, now) and not baseline:
-                        g.last_progress = now
-                        job.last_progress = now
-                        moved = True
+                    coll = (
+                        (gp.collectives_enqueued, gp.collectives_completed)
+                        if gp.HasField("collectives_enqueued")
+                        else None
+                    )
+                    f = gp.oldest_in_flight if gp.HasField("oldest_in_flight") else None
+                    moved |= _apply_cell(
+                        job,
+                        r,
+                        gp.group,
+                        now,
+                        gp.last_enqueued,
+                        gp.last_completed,
+                        gp.completion_unknown,
+                        coll,
+                        None if f is None else (f.seq, f.op, f.age_s),
+                    )
+            if columns is not None:
+                moved |= self._apply_columns(job, agent, columns, now)
             if moved:
                 job.note_move(now)
+
+    def _reported_rank(self, job: JobRecord, agent: AgentRecord, rank: int) -> RankRecord:
+        if rank not in agent.ranks:
+            raise StaleSession(f"rank {rank} was not registered by {agent.agent_id}")
+        return job.ranks[rank]
+
+    def _apply_rank(
+        self,
+        r: RankRecord,
+        now: float,
+        state: int,
+        finished: bool,
+        fr_age_s: float,
+        demand: int,
+        in_compile: bool,
+    ) -> None:
+        r.process_state = process_state_name(state)
+        r.finished = finished
+        r.fr_age_s = fr_age_s
+        r.last_report = now
+        # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
+        r.cpu.note(now, demand, self.stall_timeout)
+        r.in_compile = in_compile
+
+    def _apply_columns(
+        self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns, now: float
+    ) -> bool:
+        """The columnar form: the same steps as `ranks`, over unpacked tuples."""
+        table = agent.group_names
+        if c.cell_group and max(c.cell_group) >= len(table):
+            # Checked here, not in validate: only the session knows its table.
+            raise progress_columns.ColumnsError(
+                f"columns.cell_group: {max(c.cell_group)} is not one of the session's"
+                f" {len(table)} groups"
+            )
+        rows: list[RankRecord] = []
+        for rank, state, flags, age, cpu, wait in zip(
+            c.rank,
+            c.state,
+            c.rank_flags,
+            c.fr_age_s,
+            c.cpu_time_ns,
+            c.runqueue_wait_ns,
+            strict=True,
+        ):
+            r = self._reported_rank(job, agent, rank)
+            rows.append(r)
+            self._apply_rank(
+                r,
+                now,
+                state,
+                bool(flags & progress_columns.FINISHED),
+                age,
+                cpu + wait if cpu else 0,
+                bool(flags & progress_columns.IN_COMPILE),
+            )
+        moved = False
+        ops = c.ops
+        for i, g, flags, enq, comp, cenq, ccomp, fseq, fage, fop in zip(
+            c.cell_rank,
+            c.cell_group,
+            c.cell_flags,
+            c.last_enqueued,
+            c.last_completed,
+            c.collectives_enqueued,
+            c.collectives_completed,
+            c.in_flight_seq,
+            c.in_flight_age_s,
+            c.in_flight_op,
+            strict=True,
+        ):
+            moved |= _apply_cell(
+                job,
+                rows[i],
+                table[g],
+                now,
+                enq,
+                comp,
+                bool(flags & progress_columns.COMPLETION_UNKNOWN),
+                (cenq, ccomp) if flags & progress_columns.HAS_COLLECTIVES else None,
+                (fseq, ops[fop], fage) if flags & progress_columns.HAS_IN_FLIGHT else None,
+            )
+        return moved
 
     def report_entries(self, req: pb.EntryBatch) -> None:
         """Accepted and discarded: nothing ever read the entries (the dashboard
@@ -548,42 +636,49 @@ class JobRegistry:
         del self._jobs[victim.job_id]
 
 
-def _collectives(gp: pb.GroupProgress) -> tuple[int | None, int | None]:
-    if not gp.HasField("collectives_enqueued"):
-        return gp.last_enqueued, gp.last_completed  # no p2p in the group
-    known = gp.collectives_enqueued != COLLECTIVES_UNKNOWN
-    known &= gp.collectives_completed != COLLECTIVES_UNKNOWN
-    return (gp.collectives_enqueued, gp.collectives_completed) if known else (None, None)
-
-
-def _apply_group_progress(rg: RankGroupRecord, gp: pb.GroupProgress, now: float) -> bool:
-    """Store one group's reported numbers; True when they show progress."""
+def _apply_cell(
+    job: JobRecord,
+    r: RankRecord,
+    group: str,
+    now: float,
+    enqueued: int,
+    completed: int,
+    completion_unknown: bool,
+    collectives: tuple[int, int] | None,
+    in_flight: tuple[int, str, float] | None,
+) -> bool:
+    """Store one rank's numbers for one group (GroupProgress's fields:
+    `collectives` the collectives_* pair where present, `in_flight`
+    oldest_in_flight's seq, op and age); True when they moved the job."""
+    rg = r.groups.get(group)
+    g = job.groups.get(group)
+    if rg is None or g is None:
+        return False  # a group it never registered: membership unknown
+    # A rank's first numbers (a new process, or a coordinator that never saw
+    # it) are where it starts, not progress.
+    baseline = not rg.reported
     # Where completion is not recorded, entering collectives is the only
     # progress there is to see.
-    moved = (
-        gp.last_enqueued != rg.last_enqueued
-        if gp.completion_unknown
-        else gp.last_completed != rg.last_completed
-    )
-    rg.last_enqueued = gp.last_enqueued
-    rg.last_completed = gp.last_completed
-    rg.coll_enqueued, rg.coll_completed = _collectives(gp)
-    rg.counts_p2p = gp.HasField("collectives_enqueued")
-    rg.completion_unknown = gp.completion_unknown
+    moved = enqueued != rg.last_enqueued if completion_unknown else completed != rg.last_completed
+    rg.last_enqueued = enqueued
+    rg.last_completed = completed
+    if collectives is None:
+        rg.coll_enqueued, rg.coll_completed = enqueued, completed  # no p2p in the group
+    elif COLLECTIVES_UNKNOWN in collectives:
+        rg.coll_enqueued = rg.coll_completed = None
+    else:
+        rg.coll_enqueued, rg.coll_completed = collectives
+    rg.counts_p2p = collectives is not None
+    rg.completion_unknown = completion_unknown
     rg.reported_at = now
+    rg.reported = True
     # A p2p op in flight is not a collective in flight; where the numbering
     # is unknown, the agent's in-flight seq is in pg_status's, like these.
-    enq, comp = rg.collectives() or (gp.last_enqueued, gp.last_completed)
-    rg.reported = True
-    if gp.completion_unknown and gp.HasField("oldest_in_flight"):
-        # The agent names the op of the newest collective entered.
-        rg.in_flight_seq = gp.oldest_in_flight.seq
-        rg.in_flight_op = gp.oldest_in_flight.op
-        rg.in_flight_age_s = gp.oldest_in_flight.age_s
-    elif gp.HasField("oldest_in_flight") and enq > comp:
-        rg.in_flight_seq = gp.oldest_in_flight.seq
-        rg.in_flight_op = gp.oldest_in_flight.op
-        rg.in_flight_age_s = gp.oldest_in_flight.age_s
+    enq, comp = rg.collectives() or (enqueued, completed)
+    if in_flight is not None and (completion_unknown or enq > comp):
+        # Where completion is unknown the agent names the op of the newest
+        # collective entered.
+        rg.in_flight_seq, rg.in_flight_op, rg.in_flight_age_s = in_flight
     elif enq > comp:
         rg.in_flight_seq = comp + 1
         rg.in_flight_op = ""
@@ -592,4 +687,8 @@ def _apply_group_progress(rg: RankGroupRecord, gp: pb.GroupProgress, now: float)
         rg.in_flight_seq = None
         rg.in_flight_op = ""
         rg.in_flight_age_s = None
-    return moved
+    if moved and not baseline:
+        g.last_progress = now
+        job.last_progress = now
+        return True
+    return False

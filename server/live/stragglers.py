@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from hangwatch import pollgrid
+from hangwatch import pollgrid, progress_columns
 from hangwatch.rankspec import format_ranks
 from hangwatch.wire import pb
 
@@ -233,6 +233,7 @@ class _Job:
     pending: dict[int, dict[str, dict[int, _Reading]]] = field(default_factory=dict)
     last: dict[tuple[int, str], tuple[int, _Reading]] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
+    group_tables: dict[str, tuple[str, ...]] = field(default_factory=dict)  # agent -> its table
     scored_through: int = -1
     newest_tick: int = -1
     dropped_late: int = 0
@@ -274,46 +275,98 @@ class StragglerMonitor:
             job = self._job(req.job_id)
             for ri in req.ranks:
                 job.hosts[ri.rank] = req.host
+            # ProgressColumns.cell_group indexes the agent's newest session's table.
+            job.group_tables[req.agent_id] = tuple(progress_columns.group_table(req.ranks))
 
-    def observe(self, req: pb.ProgressReport) -> None:
-        """One agent's report: each carried rank's counters at its instant. Only
-        files them (the gRPC handler calls this); `score_ready` does the work."""
+    def observe(
+        self, req: pb.ProgressReport, columns: progress_columns.Columns | None = None
+    ) -> None:
+        """One agent's report: each carried rank's counters at its instant (its
+        `ranks`, and `columns`: req.columns unpacked). Only files them (the gRPC
+        handler calls this); `score_ready` does the work."""
         if req.clock_error_ns <= 0 or req.clock_error_ns > MAX_CLOCK_ERROR_NS:
             return  # instants not comparable with other hosts'
         now = self._clock_ns()
         with self._lock:
             job = self._job(req.job_id)
-            # One agent reads its ranks within milliseconds: within an eighth of
-            # a tick of a grid instant, that instant is the nearest (instants are
-            # at least half a tick apart), so most ranks skip the search.
-            near_tick, near_ns = -1, 0
+            near = pollgrid.NearestTick(self.tick_ns)
             for rp in req.ranks:
-                if rp.status_at_ns <= 0 or rp.state != pb.PROCESS_STATE_RUNNING:
+                tick = self._tick(job, near, rp.status_at_ns, rp.state, req.clock_offset_ns, now)
+                if tick is None:
                     continue
                 at = rp.status_at_ns + req.clock_offset_ns
-                if abs(at - now) > MAX_SKEW_TICKS * self.tick_ns:
-                    job.dropped_late += 1  # not now on our clock: a wrong clock, or a replay
-                    continue
-                if near_tick >= 0 and abs(at - near_ns) <= self.tick_ns // 8:
-                    tick, off = near_tick, abs(at - near_ns)
-                else:
-                    tick, off = pollgrid.nearest(at, self.tick_ns)
-                    near_tick, near_ns = tick, pollgrid.instant_ns(tick, self.tick_ns)
-                if off > self.tick_ns // 8:
-                    continue  # off the grid: an agent polling faster than the ticks
-                if tick <= job.scored_through:
-                    job.dropped_late += 1
-                    continue
-                job.newest_tick = max(job.newest_tick, tick)
                 for gp in rp.groups:
-                    if gp.last_enqueued < 0:
-                        continue
-                    reading = _Reading(at, gp.last_enqueued, gp.last_started, req.clock_error_ns)
-                    job.pending.setdefault(tick, {}).setdefault(gp.group, {})[rp.rank] = reading
-                    g = job.groups.get(gp.group)
-                    if g is None:
-                        g = job.groups[gp.group] = _Group()
-                    g.members.add(rp.rank)
+                    self._file(
+                        job,
+                        tick,
+                        gp.group,
+                        rp.rank,
+                        at,
+                        gp.last_enqueued,
+                        gp.last_started,
+                        req.clock_error_ns,
+                    )
+            if columns is None or not columns.cell_rank:
+                return
+            c = columns
+            table = job.group_tables.get(req.agent_id, ())
+            ticks = [
+                self._tick(job, near, at, state, req.clock_offset_ns, now)
+                for at, state in zip(c.status_at_ns, c.state, strict=True)
+            ]
+            for i, g, enq, started in zip(
+                c.cell_rank, c.cell_group, c.last_enqueued, c.last_started, strict=True
+            ):
+                tick = ticks[i]
+                if tick is None or g >= len(table):
+                    continue
+                at = c.status_at_ns[i] + req.clock_offset_ns
+                self._file(job, tick, table[g], c.rank[i], at, enq, started, req.clock_error_ns)
+
+    def _tick(
+        self,
+        job: _Job,
+        near: pollgrid.NearestTick,
+        status_at_ns: int,
+        state: int,
+        offset_ns: int,
+        now: int,
+    ) -> int | None:
+        """The grid tick a rank's reading belongs to, or None (not filed)."""
+        if status_at_ns <= 0 or state != pb.PROCESS_STATE_RUNNING:
+            return None
+        at = status_at_ns + offset_ns
+        if abs(at - now) > MAX_SKEW_TICKS * self.tick_ns:
+            job.dropped_late += 1  # not now on our clock: a wrong clock, or a replay
+            return None
+        tick, off = near.find(at)
+        if off > self.tick_ns // 8:
+            return None  # off the grid: an agent polling faster than the ticks
+        if tick <= job.scored_through:
+            job.dropped_late += 1
+            return None
+        job.newest_tick = max(job.newest_tick, tick)
+        return tick
+
+    @staticmethod
+    def _file(
+        job: _Job,
+        tick: int,
+        group: str,
+        rank: int,
+        at: int,
+        enqueued: int,
+        started: int,
+        clock_error_ns: int,
+    ) -> None:
+        if enqueued < 0:
+            return
+        reading = _Reading(at, enqueued, started, clock_error_ns)
+        job.pending.setdefault(tick, {}).setdefault(group, {})[rank] = reading
+        g = job.groups.get(group)
+        if g is None:
+            g = job.groups[group] = _Group()
+        g.members.add(rank)
 
     def score_ready(self) -> int:
         """Score every tick that readings two ticks newer have closed; returns how

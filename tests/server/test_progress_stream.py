@@ -56,6 +56,9 @@ def test_an_agent_streams_and_an_older_agent_calls_on_the_same_coordinator(
     ok = {"code": "OK"}
     assert m.value("hangwatch_grpc_requests_total", {"method": "StreamProgress", **ok}) == 5
     assert m.value("hangwatch_grpc_requests_total", {"method": "ReportProgress", **ok}) == 1
+    # The agent sent columns; the older agent's messages were read all the same.
+    assert m.value("hangwatch_progress_ranks_total", {"form": "columns"}) == 10
+    assert m.value("hangwatch_progress_ranks_total", {"form": "messages"}) == 2
     # One stream carried all five: the agent opened no call per report.
     assert not client.progress_needs_full()
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc
 from hangwatch.agent.delta import DeltaReporter
 
+from hangwatch import progress_columns
 from hangwatch.wire import pb, rpc
 from tests.support.simagents.constants import (
     KINDS,
@@ -41,6 +42,10 @@ class SimJobSpec:
     # since the coordinator offers it) or "unary" (one ReportProgress call per
     # report, as older agents do).
     transport: str = "stream"
+    # How ranks are written: "columns" (ProgressReport.columns, as the agent
+    # writes them for a coordinator that reads them) or "messages" (one
+    # RankProgress per rank, as older agents do).
+    form: str = "columns"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +126,10 @@ class SimAgent(DumpUploads):
         self._handled: set[tuple[str, int]] = set()
         self.delta = DeltaReporter()
         self._stream: Any = None  # the open StreamProgress call, if any
+        if self.spec.form not in ("columns", "messages"):
+            raise ValueError(f"unknown form {self.spec.form!r}")
+        self.groups = progress_columns.group_table(self.register_request().ranks)
+        self.coordinator_reads_columns = False  # RegisterResponse.progress_columns
 
     def register_request(self) -> pb.RegisterRequest:
         topo = self.fleet.topo
@@ -159,6 +168,7 @@ class SimAgent(DumpUploads):
                 self.stats.error(f"Register: {e.code().name}: {e.details()} (retrying)")
                 await asyncio.sleep(0.2 * 2**attempt)
         self.session_id = resp.session_id
+        self.coordinator_reads_columns = resp.progress_columns
         self.stats.registered += 1
         self.delta.reset(resp.heartbeat_s)
         self._end_stream()  # its session is over
@@ -203,6 +213,17 @@ class SimAgent(DumpUploads):
             ranks=ranks,
         )
 
+    def as_sent(self, report: pb.ProgressReport) -> pb.ProgressReport:
+        """The report in the spec's form (in place): columns only to a
+        coordinator that said it reads them, as the agent does."""
+        if self.spec.form == "columns" and self.coordinator_reads_columns:
+            columns, rest = progress_columns.encode(report.ranks, self.groups)
+            del report.ranks[:]
+            report.ranks.extend(rest)
+            if columns is not None:
+                report.columns.CopyFrom(columns)
+        return report
+
     async def progress_loop(self, phase: float) -> None:
         await asyncio.sleep(phase)
         interval = self.spec.report_interval_s
@@ -219,6 +240,7 @@ class SimAgent(DumpUploads):
                 if pick is not None:
                     del report.ranks[:]
                     report.ranks.extend(pick[0])
+                    self.as_sent(report)
                     # On a stream an unknown session is answered later (_read_acks).
                     known = True
                     if streaming:

@@ -258,6 +258,7 @@ class Fleet:
         compress: bool = True,
         nice: int = 0,
         transport: str = "stream",
+        form: str = "columns",
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -280,6 +281,7 @@ class Fleet:
                 compress=compress,
                 nice=nice,
                 transport=transport,
+                form=form,
             )
             for i in range(procs)
         ]

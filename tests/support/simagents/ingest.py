@@ -46,6 +46,7 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
         pp=spec.pp,
         epoch=time.time(),
         token=spec.token,
+        form=spec.form,
     )
     fleet = FleetState(fspec)
     sem = asyncio.Semaphore(64)
@@ -61,8 +62,8 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
     now = time.time()
     bases: list[tuple[bytes, bytes]] = []
     for a in fleet.agents:
-        r0 = a.progress_report(now)
-        r1 = a.progress_report(now + OPS_PER_STEP * fspec.op_s)
+        r0 = a.as_sent(a.progress_report(now))
+        r1 = a.as_sent(a.progress_report(now + OPS_PER_STEP * fspec.op_s))
         r0.ClearField("report_seq")
         r1.ClearField("report_seq")
         bases.append((r0.SerializeToString(), r1.SerializeToString()))
@@ -143,6 +144,7 @@ async def _ingest(spec: IngestSpec) -> dict[str, Any]:
         "rank_reports_per_s": acks * RANKS_PER_AGENT / elapsed,
         "in_flight": lanes,
         "transport": spec.transport,
+        "form": spec.form,
         "report_bytes": len(bases[0][0]),
         "flood_start": wall0,
         "flood_end": wall1,

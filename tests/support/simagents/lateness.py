@@ -33,7 +33,7 @@ from typing import Any
 from hangwatch.agent.delta import DeltaReporter
 from hangwatch.server.live.stragglers import JobStragglers, Straggler, StragglerMonitor
 
-from hangwatch import pollgrid
+from hangwatch import pollgrid, progress_columns
 from hangwatch.wire import pb
 
 GROUP = "0"
@@ -128,8 +128,12 @@ class Readings:
         read_spread_s: float = 0.003,
         heartbeat_s: float = 3.0,
         seed: int = 1,
+        columns: bool = False,
     ) -> None:
+        """`columns`: the reports carry ProgressReport.columns, as current agents
+        send them, instead of one message per rank."""
         self.job, self.timeline, self.job_id = job, timeline, job_id
+        self.columns = columns
         self.tick_s, self.read_spread_s = tick_s, read_spread_s
         self._rng = random.Random(seed)
         self.agents = [
@@ -149,7 +153,14 @@ class Readings:
                 job_id=self.job_id,
                 agent_id=a.agent_id,
                 host=f"host-{a.agent_id}",
-                ranks=[pb.RankInfo(rank=r, world_size=self.job.ranks) for r in a.ranks],
+                ranks=[
+                    pb.RankInfo(
+                        rank=r,
+                        world_size=self.job.ranks,
+                        groups=[pb.GroupInfo(name=GROUP, ranks=range(self.job.ranks))],
+                    )
+                    for r in a.ranks
+                ],
             )
             for a in self.agents
         ]
@@ -183,12 +194,16 @@ class Readings:
                 continue
             a.delta.commit(pick[0], pick[1], nominal)
             a.seq += 1
+            carried, columns = pick[0], None
+            if self.columns:
+                columns, carried = progress_columns.encode(carried, {GROUP: 0})
             yield pb.ProgressReport(
                 job_id=self.job_id,
                 agent_id=a.agent_id,
                 session_id="s",
                 report_seq=a.seq,
-                ranks=pick[0],
+                ranks=carried,
+                columns=columns,
                 clock_offset_ns=0,
                 clock_error_ns=max(1, abs(a.clock_error_ns)),
             )
@@ -242,7 +257,7 @@ def replay(
         reports = list(rd.reports(tick))
         t0 = time.process_time()
         for rep in reports:
-            monitor.observe(rep)
+            monitor.observe(rep, progress_columns.decode(rep.columns) if rd.columns else None)
         monitor.score_ready()
         spent += time.process_time() - t0
     return Replay(

@@ -97,16 +97,18 @@ class RegisterRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., host: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s", "progress_stream")
+    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s", "progress_stream", "progress_columns")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_STREAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     poll_interval_s: float
     heartbeat_s: float
     progress_stream: bool
-    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., progress_stream: _Optional[bool] = ...) -> None: ...
+    progress_columns: bool
+    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., progress_stream: _Optional[bool] = ..., progress_columns: _Optional[bool] = ...) -> None: ...
 
 class InFlight(_message.Message):
     __slots__ = ("seq", "op", "age_s")
@@ -163,7 +165,7 @@ class RankProgress(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ..., cpu_time_ns: _Optional[int] = ..., finished: _Optional[bool] = ..., in_compile: _Optional[bool] = ..., runqueue_wait_ns: _Optional[int] = ...) -> None: ...
 
 class ProgressReport(_message.Message):
-    __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks", "clock_offset_ns", "clock_error_ns")
+    __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks", "clock_offset_ns", "clock_error_ns", "columns")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +173,7 @@ class ProgressReport(_message.Message):
     RANKS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_ERROR_NS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     agent_id: str
     session_id: str
@@ -178,7 +181,34 @@ class ProgressReport(_message.Message):
     ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
     clock_offset_ns: int
     clock_error_ns: int
-    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., clock_offset_ns: _Optional[int] = ..., clock_error_ns: _Optional[int] = ...) -> None: ...
+    columns: ProgressColumns
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., clock_offset_ns: _Optional[int] = ..., clock_error_ns: _Optional[int] = ..., columns: _Optional[_Union[ProgressColumns, _Mapping]] = ...) -> None: ...
+
+class ProgressColumns(_message.Message):
+    __slots__ = ("rank", "rank_codes", "rank_counts", "fr_age_s", "cell_rank", "cell_group", "cell_flags", "cell_counts", "in_flight_age_s", "in_flight_op", "ops")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RANK_CODES_FIELD_NUMBER: _ClassVar[int]
+    RANK_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    FR_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CELL_RANK_FIELD_NUMBER: _ClassVar[int]
+    CELL_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CELL_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    CELL_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_OP_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    rank: bytes
+    rank_codes: bytes
+    rank_counts: bytes
+    fr_age_s: bytes
+    cell_rank: bytes
+    cell_group: bytes
+    cell_flags: bytes
+    cell_counts: bytes
+    in_flight_age_s: bytes
+    in_flight_op: bytes
+    ops: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rank: _Optional[bytes] = ..., rank_codes: _Optional[bytes] = ..., rank_counts: _Optional[bytes] = ..., fr_age_s: _Optional[bytes] = ..., cell_rank: _Optional[bytes] = ..., cell_group: _Optional[bytes] = ..., cell_flags: _Optional[bytes] = ..., cell_counts: _Optional[bytes] = ..., in_flight_age_s: _Optional[bytes] = ..., in_flight_op: _Optional[bytes] = ..., ops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProgressAck(_message.Message):
     __slots__ = ("known", "report_seq")
