@@ -82,6 +82,9 @@ class StalledGroup:
     busy_ranks: list[int] = field(default_factory=list)
     # Those of them counted as working for being inside torch.compile.
     compiling_ranks: list[int] = field(default_factory=list)
+    # Not-entered ranks not heard from since the group last progressed
+    # (stalls.unheard_since): not over its timeout until they report again.
+    unheard_ranks: list[int] = field(default_factory=list)
     timeout_s: float = 0.0  # what stalled_for_s must reach to open an incident
 
 

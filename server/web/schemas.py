@@ -133,6 +133,12 @@ class StalledState(BaseModel):
         description="Those of busy_ranks counted as working for being inside torch.compile "
         "(their agent's stack sample): waiting on a compile cache's lock, not on a peer.",
     )
+    unheard_ranks: list[int] = Field(
+        default_factory=list,
+        description="Not-entered ranks whose numbers last arrived before the group last "
+        "progressed: they may have entered since, so the stall opens no incident until their "
+        "agent reports them again (at least once a heartbeat).",
+    )
     timeout_s: float = Field(
         0.0, description="What stalled_for_s must reach for the stall to open an incident."
     )

@@ -304,6 +304,32 @@ def test_a_member_whose_first_numbers_have_not_arrived_is_unknown_not_behind(env
 
 
 @pytest.mark.timeout(10)
+def test_a_member_not_heard_from_since_its_peers_moved_on_is_unknown_not_behind(
+    env: Env,
+) -> None:
+    """Rank 3's last numbers arrived before ranks 0-2 completed #4 and entered
+    #5: "not entered" is only what it said before, and an overloaded
+    coordinator (or agent) can hold its newer report back for seconds. No page
+    however long that lasts; once rank 3 is heard from again, still short of
+    #5, the stall is judged at once on the group's clock."""
+    env.a.report({0: (4, 3), 1: (4, 3)})
+    env.b.report({2: (4, 3), 3: (4, 3)})
+    env.clock.advance(1)
+    env.b.report({3: (4, 4)})  # rank 3 completed #4: its last report
+    env.clock.advance(1)
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    env.b.report({2: (5, 4)})  # the group's last progress: after rank 3 was heard
+    env.clock.advance(3 * STALL)
+    [st] = env.registry.stalls(JOB)
+    assert (st.seq, st.not_entered_ranks, st.unheard_ranks) == (5, [3], [3])
+    assert st.stalled_for_s == pytest.approx(3 * STALL) and not st.over_timeout
+    assert _over(env.registry) == []
+    env.b.report({2: (5, 4), 3: (4, 4)})  # b's heartbeat: rank 3 still short of #5
+    [st] = _over(env.registry)
+    assert (st.seq, st.not_entered_ranks, st.unheard_ranks) == (5, [3], [])
+
+
+@pytest.mark.timeout(10)
 def test_an_agent_that_registers_and_never_reports_is_judged_once_lost(env: Env) -> None:
     """The wait for first numbers ends with the lost-agent timeout: then b is
     lost, its ranks unobserved (not blamed), and the stall is judged."""
