@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,31 @@ def _measure_form(form: str, ranks: int, rounds: int) -> tuple[dict[str, float],
     return rows, n, len(bodies[0][0])
 
 
+def live_bytes_per_rank(ranks: int, form: str) -> float:
+    """What the registry holds per rank once every agent registered and
+    reported twice (tracemalloc: Python allocations made from then on, the
+    reports themselves built before)."""
+    fleet, _, _, bodies = asyncio.run(_build(ranks, form))
+    requests = [a.register_request() for a in fleet.agents]
+    parsed = [[pb.ProgressReport.FromString(b) for b in pair] for pair in bodies]
+    checked = [[validate.progress_report(r) for r in pair] for pair in parsed]
+    fleet.close()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        registry = JobRegistry(agent_lost_timeout=1e9, stall_timeout=1e9, clock=_Clock())
+        for k, (req, pair) in enumerate(zip(requests, parsed, strict=True)):
+            sid = registry.register(req)
+            for j, rep in enumerate(pair):
+                rep.session_id, rep.report_seq = sid, j + 1
+                registry.report_progress(rep, checked[k][j])
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return held / ranks
+
+
 def measure(ranks: int, rounds: int) -> dict[str, Any]:
     """Both wire forms; the anchor is the parse of the per-rank messages."""
     out: dict[str, Any] = {"ranks": ranks, "ranks_per_report": RANKS_PER_AGENT}
@@ -118,6 +145,7 @@ def measure(ranks: int, rounds: int) -> dict[str, Any]:
             "us_per_rank_report": {k: v / RANKS_PER_AGENT for k, v in rows.items()},
             "ratio_to_anchor": {k: v / anchor for k, v in rows.items()},
             "total_us_per_rank_report": total / RANKS_PER_AGENT,
+            "live_bytes_per_rank": live_bytes_per_rank(ranks, form),
         }
     out["columns_over_messages"] = (
         out["columns"]["total_us_per_rank_report"] / out["messages"]["total_us_per_rank_report"]
@@ -149,6 +177,7 @@ def main() -> int:
                 f"{f['ratio_to_anchor'][k]:6.2f}x anchor"
             )
         print(f"  total            {f['total_us_per_rank_report']:.2f} µs per rank report")
+        print(f"  registry         {f['live_bytes_per_rank']:.0f} bytes per rank")
     print(f"columns / messages: {res['columns_over_messages']:.2f}")
     return 0
 

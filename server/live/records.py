@@ -28,6 +28,9 @@ class RankGroupRecord:
     in_flight_seq: int | None = None
     in_flight_op: str = ""
     in_flight_age_s: float | None = None
+    # Coordinator time it was first seen in flight in in_flight_seq, less the
+    # age its agent gave then: how long it has waited there (stalls.scan_stalls).
+    in_flight_since: float | None = None
     reported_at: float = 0.0
     # False until its first report: the numbers a rank starts from are not a move.
     reported: bool = False

@@ -675,6 +675,7 @@ def _apply_cell(
     # A p2p op in flight is not a collective in flight; where the numbering
     # is unknown, the agent's in-flight seq is in pg_status's, like these.
     enq, comp = rg.collectives() or (enqueued, completed)
+    was, since = rg.in_flight_seq, rg.in_flight_since
     if in_flight is not None and (completion_unknown or enq > comp):
         # Where completion is unknown the agent names the op of the newest
         # collective entered.
@@ -687,6 +688,12 @@ def _apply_cell(
         rg.in_flight_seq = None
         rg.in_flight_op = ""
         rg.in_flight_age_s = None
+    if rg.in_flight_seq is None:
+        rg.in_flight_since = None
+    else:
+        entered = now - (rg.in_flight_age_s or 0.0)
+        same = was == rg.in_flight_seq and since is not None
+        rg.in_flight_since = min(entered, since) if same and since is not None else entered
     if moved and not baseline:
         g.last_progress = now
         job.last_progress = now

@@ -34,6 +34,13 @@ def _seconds(
     (or, with `entered`, inside it too), the others inside it; each rank burns
     `cores` of CPU (0 if absent); `in_compile` as the agents' stack samples say."""
     cpu: dict[int, float] = env.__dict__.setdefault("cpu_s", {r: 1.0 for r in range(4)})
+    if not env.__dict__.setdefault("entered_at_start", False):
+        # The waiting ranks sat down in SEQ as the job registered: the stall's
+        # clock starts there, as the group's (no CPU sample yet: unknown).
+        env.__dict__["entered_at_start"] = True
+        seqs = {r: (SEQ - 1, SEQ - 1) if r in late else (SEQ, SEQ - 1) for r in range(4)}
+        env.a.report({r: seqs[r] for r in (0, 1)})
+        env.b.report({r: seqs[r] for r in (2, 3)})
     for _ in range(seconds):
         env.clock.advance(1.0)
         for r in range(4):

@@ -330,6 +330,54 @@ def test_a_member_not_heard_from_since_its_peers_moved_on_is_unknown_not_behind(
 
 
 @pytest.mark.timeout(10)
+def test_a_group_used_once_a_minute_is_judged_from_when_its_members_sat_down(
+    env: Env,
+) -> None:
+    """The group completed #4 a minute ago and has been idle since (an
+    evaluation barrier, a world all_reduce once a step): ranks 0-2 entering #5
+    while rank 3 is still on its way is no stall, and would have been at once
+    on the group's clock alone. It is one a stall timeout after they sat down."""
+    env.a.report({0: (4, 3), 1: (4, 3)})
+    env.b.report({2: (4, 3), 3: (4, 3)})
+    env.clock.advance(1)
+    env.a.report({0: (4, 4), 1: (4, 4)})
+    env.b.report({2: (4, 4), 3: (4, 4)})  # the group's last progress
+    env.clock.advance(60)
+    env.a.report({0: (5, 4), 1: (5, 4)})
+    env.b.report({2: (5, 4), 3: (4, 4)})
+    [st] = env.registry.stalls(JOB)
+    assert (st.seq, st.not_entered_ranks, st.stalled_for_s, st.over_timeout) == (5, [3], 0, False)
+    env.clock.advance(STALL - 0.5)
+    env.b.report({2: (5, 4), 3: (4, 4)})
+    assert _over(env.registry) == []
+    env.clock.advance(0.5)
+    [st] = _over(env.registry)
+    assert (st.seq, st.not_entered_ranks) == (5, [3])
+    assert st.stalled_for_s == pytest.approx(STALL)
+    # An agent that saw them sit down before it reported says how long ago.
+    env.clock.advance(1)
+    env.a.send(
+        [
+            pb.RankProgress(
+                rank=r,
+                state=pb.PROCESS_STATE_RUNNING,
+                groups=[
+                    pb.GroupProgress(
+                        group="0",
+                        last_enqueued=5,
+                        last_completed=4,
+                        oldest_in_flight=pb.InFlight(seq=5, op="all_reduce", age_s=30.0),
+                    )
+                ],
+            )
+            for r in (0, 1)
+        ]
+    )
+    [st] = env.registry.stalls(JOB)
+    assert st.stalled_for_s == pytest.approx(30.0)
+
+
+@pytest.mark.timeout(10)
 def test_an_agent_that_registers_and_never_reports_is_judged_once_lost(env: Env) -> None:
     """The wait for first numbers ends with the lost-agent timeout: then b is
     lost, its ranks unobserved (not blamed), and the stall is judged."""
