@@ -46,8 +46,12 @@ SERVICE = "hangwatch.v1.Coordinator"
 # Health answers without a token so load balancers and liveness probes work;
 # it reveals only the version and a count of connected agents.
 UNAUTHENTICATED_METHODS = frozenset({f"/{SERVICE}/Health"})
-# How often an idle command stream re-checks its session and shutdown.
-STREAM_RECHECK_S = 1.0
+# How often an idle command stream re-checks its session and shutdown, as a
+# backstop only: a new command, a replaced session (Mailbox.inherit), an
+# evicted job and shutdown each wake the stream at once. Every agent holds one
+# stream: at 1 s, 512 agents woke the coordinator's loop 512 times a second
+# for nothing (an asyncio.wait_for each: a task, a timer and a cancel).
+STREAM_RECHECK_S = 30.0
 # Incidents whose (job, expected ranks) the upload path keeps at hand.
 INCIDENT_KEY_CACHE = 64
 

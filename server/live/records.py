@@ -19,7 +19,7 @@ from hangwatch.wire import pb
 EVENT_RING: Final = 256  # recent events kept per job
 
 
-@dataclass
+@dataclass(slots=True)
 class RankGroupRecord:
     last_enqueued: int = -1
     last_completed: int = -1
@@ -47,7 +47,7 @@ class RankGroupRecord:
         return self.coll_enqueued, self.coll_completed
 
 
-@dataclass
+@dataclass(slots=True)
 class CpuWindow:
     """A rank's CPU time at two moments at least half a window apart, and now:
     how busy it has been lately, in O(1) per rank (32,768 ranks keep 6 numbers
@@ -87,7 +87,7 @@ class CpuWindow:
         return (self.latest_ns - self.older_ns) / 1e9 / span
 
 
-@dataclass
+@dataclass(slots=True)
 class RankRecord:
     rank: int
     agent_id: str
@@ -111,7 +111,7 @@ class RankRecord:
     in_compile: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupRecord:
     name: str
     desc: str
@@ -119,7 +119,7 @@ class GroupRecord:
     last_progress: float  # coordinator monotonic time a member's last_completed last changed
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentRecord:
     agent_id: str
     host: str
@@ -136,7 +136,7 @@ class AgentRecord:
     group_names: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class JobRecord:
     job_id: str
     world_size: int | None = None

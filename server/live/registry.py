@@ -633,6 +633,7 @@ class JobRegistry:
         victim = victims[0]
         for a in victim.agents.values():
             self._sessions.pop(a.session_id, None)
+            a.mailbox.wake()  # its command streams find their session gone and end
         del self._jobs[victim.job_id]
 
 
