@@ -27,7 +27,7 @@ from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
 from hangwatch.formats.checks import read_file
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC
-from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
+from hangwatch.wire import COLLECTIVES_UNKNOWN, group_info, pb
 
 log = logging.getLogger("hangwatch.agent")
 
@@ -189,11 +189,11 @@ class RankTracker:
             torch_version=i.torch_version,
             fr_source=i.fr_source,
             groups=[
-                pb.GroupInfo(
+                group_info(
                     name=g.name,
                     desc=g.desc,
                     pg_id=-1 if g.pg_id is None else g.pg_id,
-                    ranks=list(g.ranks),
+                    members=g.ranks,
                 )
                 for g in i.groups
             ],

@@ -1,6 +1,7 @@
 """The generated gRPC stubs under short names: `pb` (messages) and `rpc` (service),
 and the names of the enums that other formats (meta.json, the API) spell out."""
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from hangwatch._proto.hangwatch.v1 import hangwatch_pb2 as pb
@@ -10,6 +11,9 @@ __all__ = [
     "COLLECTIVES_UNKNOWN",
     "DEAD_PROCESS_STATES",
     "EXITED_PROCESS_STATES",
+    "group_info",
+    "group_members",
+    "member_runs",
     "pb",
     "process_state_name",
     "rpc",
@@ -54,3 +58,44 @@ def message_size_options(max_bytes: int) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", max_bytes),
         ("grpc.max_receive_message_length", max_bytes),
     ]
+
+
+def member_runs(members: Iterable[int]) -> list[int]:
+    """GroupInfo.rank_ranges for `members`: (start, stop, step) triples, the
+    longest arithmetic run first, greedily."""
+    ms = sorted(set(members))
+    if len(ms) > 1:
+        # One run (a world or data-parallel group) compared in C, not walked.
+        step = ms[1] - ms[0]
+        if ms == list(range(ms[0], ms[-1] + 1, step)):
+            return [ms[0], ms[-1] + step, step]
+    out: list[int] = []
+    i = 0
+    while i < len(ms):
+        step = ms[i + 1] - ms[i] if i + 1 < len(ms) else 1
+        j = i + 1
+        while j < len(ms) and ms[j] - ms[j - 1] == step:
+            j += 1
+        out += (ms[i], ms[j - 1] + step, step)
+        i = j
+    return out
+
+
+def group_info(*, name: str, desc: str, pg_id: int, members: Sequence[int]) -> pb.GroupInfo:
+    """A GroupInfo with its members in the shorter of the two forms."""
+    runs = member_runs(members)
+    if len(runs) < len(members):
+        return pb.GroupInfo(name=name, desc=desc, pg_id=pg_id, rank_ranges=runs)
+    return pb.GroupInfo(name=name, desc=desc, pg_id=pg_id, ranks=sorted(set(members)))
+
+
+def group_members(g: pb.GroupInfo) -> tuple[int, ...]:
+    """A GroupInfo's members, ascending, from whichever form it carries (the
+    triples must be checked first: server/ingest/validate.py)."""
+    rr = g.rank_ranges
+    if not rr:
+        return tuple(sorted(set(g.ranks)))
+    out: list[int] = []
+    for k in range(0, len(rr) - 2, 3):
+        out.extend(range(rr[k], rr[k + 1], rr[k + 2]))
+    return tuple(out)

@@ -120,14 +120,7 @@ def register_request(req: pb.RegisterRequest) -> None:
         for g in ri.groups:
             group_name(g.name)
             text("group desc", g.desc)
-            if len(g.ranks) > ri.world_size:
-                raise Invalid(
-                    f"group {g.name!r}: {len(g.ranks)} members exceed world_size {ri.world_size}"
-                )
-            for m in g.ranks:
-                rank(m, world_size=ri.world_size)
-            if ri.rank not in g.ranks:
-                raise Invalid(f"rank {ri.rank} registers group {g.name!r} it is not a member of")
+            _members(ri, g)
         for kind, v in (
             ("backend", ri.backend),
             ("torch_version", ri.torch_version),
@@ -137,6 +130,41 @@ def register_request(req: pb.RegisterRequest) -> None:
     world_sizes = {ri.world_size for ri in req.ranks}
     if len(world_sizes) > 1:
         raise Invalid(f"ranks disagree on world_size: {sorted(world_sizes)}")
+
+
+def _members(ri: pb.RankInfo, g: pb.GroupInfo) -> None:
+    """A group's members, in either form, inside the world and including `ri`.
+    Checked with C builtins over the list, or per run: every rank of a job
+    registers its world group, so a Python call per member was ranks x world
+    calls (268 million at 16,384 ranks)."""
+    ws = ri.world_size
+    if not g.rank_ranges:
+        if len(g.ranks) > ws:
+            raise Invalid(f"group {g.name!r}: {len(g.ranks)} members exceed world_size {ws}")
+        if g.ranks:
+            rank(min(g.ranks), world_size=ws)
+            rank(max(g.ranks), world_size=ws)
+        if ri.rank not in g.ranks:
+            raise Invalid(f"rank {ri.rank} registers group {g.name!r} it is not a member of")
+        return
+    rr = g.rank_ranges
+    if g.ranks:
+        raise Invalid(f"group {g.name!r}: both ranks and rank_ranges")
+    if len(rr) % 3 or len(rr) // 3 > ws:
+        raise Invalid(f"group {g.name!r}: rank_ranges is not (start, stop, step) triples")
+    last, member = -1, False
+    for k in range(0, len(rr), 3):
+        start, stop, step = rr[k], rr[k + 1], rr[k + 2]
+        if step < 1 or start <= last or stop <= start or stop > ws + step - 1:
+            raise Invalid(
+                f"group {g.name!r}: run ({start}, {stop}, {step}) is not ascending within [0, {ws})"
+            )
+        last = start + (stop - start - 1) // step * step
+        if last >= ws:
+            raise Invalid(f"group {g.name!r}: member {last} is outside [0, {ws})")
+        member |= start <= ri.rank < stop and (ri.rank - start) % step == 0
+    if not member:
+        raise Invalid(f"rank {ri.rank} registers group {g.name!r} it is not a member of")
 
 
 def progress_report(req: pb.ProgressReport) -> progress_columns.Columns | None:

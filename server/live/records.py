@@ -117,6 +117,9 @@ class GroupRecord:
     desc: str
     ranks: tuple[int, ...]
     last_progress: float  # coordinator monotonic time a member's last_completed last changed
+    # The registration's GroupInfo members as sent (either form): every member
+    # registers the group, and one sent the same way again is not re-expanded.
+    sent_as: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

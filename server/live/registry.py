@@ -40,7 +40,13 @@ from hangwatch.server.live.views import (
 
 from hangwatch import formats, progress_columns
 from hangwatch.formats import JobStopped, MissingReason
-from hangwatch.wire import COLLECTIVES_UNKNOWN, EXITED_PROCESS_STATES, pb, process_state_name
+from hangwatch.wire import (
+    COLLECTIVES_UNKNOWN,
+    EXITED_PROCESS_STATES,
+    group_members,
+    pb,
+    process_state_name,
+)
 
 # Bounds on what agents can make the coordinator hold.
 MAX_WORLD_SIZE: Final = 1 << 20
@@ -232,12 +238,17 @@ class JobRegistry:
             job.world_size = max(job.world_size or 0, ri.world_size)
         for gi in ri.groups:
             g = job.groups.get(gi.name)
-            ranks = tuple(sorted(set(gi.ranks)))
-            # A re-created group (or a fuller view of it) starts its clock again.
-            if g is None or g.ranks != ranks or g.desc != gi.desc:
-                job.groups[gi.name] = GroupRecord(
-                    name=gi.name, desc=gi.desc, ranks=ranks, last_progress=now
-                )
+            sent_as = tuple(gi.rank_ranges) or tuple(gi.ranks)
+            if g is None or g.sent_as != sent_as or g.desc != gi.desc:
+                # Not another member's view of the same group, sent the same way.
+                ranks = group_members(gi)
+                if g is None or g.ranks != ranks or g.desc != gi.desc:
+                    # A re-created group (or a fuller view of it) starts its clock again.
+                    job.groups[gi.name] = GroupRecord(
+                        name=gi.name, desc=gi.desc, ranks=ranks, last_progress=now, sent_as=sent_as
+                    )
+                else:
+                    g.sent_as = sent_as
             kept = kept_from.groups.get(gi.name) if kept_from is not None else None
             rank.groups[gi.name] = kept if kept is not None else RankGroupRecord(reported_at=now)
         if kept_from is not None:

@@ -15,7 +15,7 @@ import grpc
 from hangwatch.agent.delta import DeltaReporter
 
 from hangwatch import progress_columns
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import group_info, pb, rpc
 from tests.support.simagents.constants import (
     KINDS,
     RANKS_PER_AGENT,
@@ -27,6 +27,11 @@ from tests.support.simagents.upload import DumpRecord, DumpUploads
 
 if TYPE_CHECKING:
     from tests.support.simagents.fleet import FleetState
+
+
+def _group_info(*, name: str, desc: str, pg_id: int, ranks: list[int]) -> pb.GroupInfo:
+    """The wire's GroupInfo as the agent writes it: runs where shorter."""
+    return group_info(name=name, desc=desc, pg_id=pg_id, members=ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +152,7 @@ class SimAgent(DumpUploads):
                     backend="nccl",
                     torch_version=TORCH_VERSION,
                     fr_source="worker-server",
-                    groups=topo.rank_groups(r, pb.GroupInfo),
+                    groups=topo.rank_groups(r, _group_info),
                 )
                 for r in self.ranks
             ],

@@ -51,16 +51,18 @@ COMMAND_KIND_UPLOAD_FULL: CommandKind
 COMMAND_KIND_END_RANKS: CommandKind
 
 class GroupInfo(_message.Message):
-    __slots__ = ("name", "desc", "pg_id", "ranks")
+    __slots__ = ("name", "desc", "pg_id", "ranks", "rank_ranges")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESC_FIELD_NUMBER: _ClassVar[int]
     PG_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    RANK_RANGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     desc: str
     pg_id: int
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., desc: _Optional[str] = ..., pg_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    rank_ranges: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., desc: _Optional[str] = ..., pg_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., rank_ranges: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RankInfo(_message.Message):
     __slots__ = ("rank", "local_rank", "world_size", "pid", "backend", "torch_version", "groups", "fr_source")
