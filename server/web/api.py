@@ -298,7 +298,7 @@ def readyz(request: Request) -> JSONResponse:
     bound, so the endpoint is always there by the time this can be asked.)"""
     ctx = ctx_of(request)
     try:
-        ctx.store.journal_mode()
+        ctx.store.ping()
     except Exception:
         return _ready(False, "incident store unavailable")
     return _ready(True, "")
