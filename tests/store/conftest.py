@@ -28,10 +28,8 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
     """Opens the test's store (again, each call: a reopen sees what was
     committed); every store it opened is closed at the end."""
     opened: list[IncidentStore] = []
-    if request.param == "sqlite":
-        url = None
-    else:
-        url = request.getfixturevalue("pg").new_database()
+    pg: PgServer | None = None if request.param == "sqlite" else request.getfixturevalue("pg")
+    url = pg.new_database() if pg else None
 
     def _open() -> IncidentStore:
         s = IncidentStore.open(url, tmp_path / "data")

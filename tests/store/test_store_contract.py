@@ -206,8 +206,12 @@ def test_two_stores_on_one_database_see_each_others_rows(open_store: OpenStore) 
     one, two = open_store(), open_store()
     a = one.create_incident(job_id="job-1", reason="r", trigger="stall", ranks_expected=[0])
     b = two.create_incident(job_id="job-2", reason="r", trigger="stall", ranks_expected=[0])
-    assert {r.id for r in one.list_incidents()} == {r.id for r in two.list_incidents()} == {
-        a.id,
-        b.id,
-    }
+    assert (
+        {r.id for r in one.list_incidents()}
+        == {r.id for r in two.list_incidents()}
+        == {
+            a.id,
+            b.id,
+        }
+    )
     assert sorted(j.job_id for j in two.list_jobs()) == ["job-1", "job-2"]
