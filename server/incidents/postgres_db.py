@@ -101,7 +101,10 @@ class PostgresDatabase:
         )
         try:
             # At start the server must answer: a coordinator that cannot reach
-            # its store says so at once rather than on its first incident.
+            # its store says so at once rather than on its first incident. One
+            # plain connect first: the pool would retry a wrong password or an
+            # unknown database until its timeout, libpq says why at once.
+            psycopg.connect(url, **kwargs).close()
             self._pool.open(wait=True, timeout=POOL_TIMEOUT_S + CONNECT_TIMEOUT_S)
         except Exception as e:
             self._pool.close()
