@@ -181,6 +181,13 @@ def disk_full(error: BaseException) -> bool:
     return isinstance(error, psycopg.OperationalError) or error.sqlstate in _PG_REFUSED
 
 
+def refusal(error: BaseException) -> str:
+    """What refused a write `disk_full` counts, for a log line."""
+    if isinstance(error, (OSError, sqlite3.Error)):
+        return "the data directory is full"
+    return "the incident store's database refused the write (full, read-only or unreachable)"
+
+
 class IncidentStore:
     """Incidents and the jobs they belong to: in `<data_dir>/hangwatch.db`
     (`IncidentStore(path)`, `in_dir`), or in a shared PostgreSQL (`open`)."""
