@@ -449,9 +449,15 @@ class IncidentStore:
         until: float | None = None,
         verdict: str | None = None,
         status: str | None = None,
+        host: str | None = None,
+        before: str | None = None,
         limit: int = 200,
     ) -> list[IncidentRow]:
-        """Newest first. `since`/`until` bound `created` (unix seconds, inclusive)."""
+        """Newest first. `since`/`until` bound `created` (unix seconds, inclusive);
+        `host`: incidents whose culprits it held (server.incidents.hosts);
+        `before`: the page after the incident with that id (keyset paging: the
+        next page of 100,000 costs what the first does, where an OFFSET reads
+        every row it skips). An unknown `before` is UnknownIncident."""
         where: list[str] = []
         args: list[Any] = []
         for col, op, val in (
@@ -464,6 +470,15 @@ class IncidentStore:
             if val is not None:
                 where.append(f"{col} {op} ?")
                 args.append(val)
+        if host is not None:
+            where.append("id IN (SELECT incident_id FROM culprit_hosts WHERE host = ?)")
+            args.append(host)
+        if before is not None:
+            mark = self._read("SELECT created FROM incidents WHERE id = ?", (before,))
+            if not mark:
+                raise UnknownIncident(before)
+            where.append("(created < ? OR (created = ? AND id < ?))")
+            args.extend((mark[0]["created"], mark[0]["created"], before))
         sql = "SELECT * FROM incidents"
         if where:
             sql += " WHERE " + " AND ".join(where)

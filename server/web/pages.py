@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -102,13 +102,23 @@ def incidents_page(
     until: str | None = None,
     verdict: str | None = None,
     status: str | None = None,
+    host: str | None = None,
+    before: str | None = None,
     limit: int = 100,
 ) -> HTMLResponse:
     ctx = api.ctx_of(request)
     limit = max(1, min(limit, api.MAX_LIMIT))
     try:
         rows = api.list_incident_rows(
-            ctx, job=job, since=since, until=until, verdict=verdict, status=status, limit=limit
+            ctx,
+            job=job,
+            since=since,
+            until=until,
+            verdict=verdict,
+            status=status,
+            host=host,
+            before=before,
+            limit=limit,
         )
         error = ""
     except HTTPException as e:
@@ -120,8 +130,15 @@ def incidents_page(
         "until": until or "",
         "verdict": verdict or "",
         "status": status or "",
+        "host": host or "",
         "limit": limit,
     }
+    # A full page may have older incidents after it: the same filters, after its last row.
+    older = ""
+    if len(rows) == limit:
+        older = "/incidents?" + urlencode(
+            {**{k: v for k, v in filters.items() if v}, "before": rows[-1].id}
+        )
     return render(
         request,
         "incidents.html",
@@ -132,6 +149,8 @@ def incidents_page(
         statuses=STATUSES,
         counts=_state_counts(ctx.store.count_by_status()),
         error=error,
+        older=older,
+        paged=bool(before),
     )
 
 

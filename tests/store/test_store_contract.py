@@ -215,3 +215,41 @@ def test_two_stores_on_one_database_see_each_others_rows(open_store: OpenStore) 
         }
     )
     assert sorted(j.job_id for j in two.list_jobs()) == ["job-1", "job-2"]
+
+
+@pytest.mark.timeout(60)
+def test_pages_of_the_list_follow_each_other_under_every_filter(open_store: OpenStore) -> None:
+    """Keyset paging: each page starts after the last id of the one before,
+    also among incidents created in the same second."""
+    store = open_store()
+    ids = []
+    for i in range(7):
+        row = store.create_incident(
+            job_id=f"job-{i % 2}",
+            reason="r",
+            trigger="stall",
+            ranks_expected=[0],
+            created=1000.0 + (i // 3),  # three incidents share each second
+            incident_id=f"inc-{i:02d}",
+        )
+        store.finish_incident(row.id, report=_report([2] if i % 3 else [0]), detection_s=1.0)
+        ids.append(row.id)
+    newest_first = [r.id for r in store.list_incidents()]
+    assert sorted(newest_first) == sorted(ids)
+    pages, before = [], None
+    while page := [r.id for r in store.list_incidents(limit=3, before=before)]:
+        pages.append(page)
+        before = page[-1]
+    assert [i for p in pages for i in p] == newest_first and [len(p) for p in pages] == [3, 3, 1]
+    # A host's incidents: those whose culprits it held (node-b holds rank 2).
+    on_b = [r.id for r in store.list_incidents(host="node-b")]
+    assert on_b == [i for i in newest_first if int(i[-2:]) % 3]
+    assert [r.id for r in store.list_incidents(host="node-b", job_id="job-0", limit=1)] == [
+        next(i for i in on_b if int(i[-2:]) % 2 == 0)
+    ]
+    first = store.list_incidents(host="node-b", limit=2)
+    rest = store.list_incidents(host="node-b", before=first[-1].id)
+    assert [r.id for r in first + rest] == on_b
+    assert store.list_incidents(host="node-z") == []
+    with pytest.raises(UnknownIncident):
+        store.list_incidents(before="no-such-incident")
