@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.pgserver import PgServer, require_postgres
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -72,3 +75,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "torch" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgServer]:
+    """A real PostgreSQL server for this test process (tests/support/pgserver.py),
+    started on first use and stopped at the end; `pg.new_database()` per test."""
+    server = PgServer(require_postgres())
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,5 +1,6 @@
 """The two stores the contract tests run against: a real SQLite file and a
-real PostgreSQL server (tests/support/pgserver.py), one database per test."""
+real PostgreSQL server (the session's `pg`, tests/conftest.py), one database
+per test."""
 
 from __future__ import annotations
 
@@ -9,18 +10,9 @@ from pathlib import Path
 import pytest
 from hangwatch.server.incidents.store import IncidentStore
 
-from tests.support.pgserver import PgServer, require_postgres
+from tests.support.pgserver import PgServer
 
 OpenStore = Callable[[], IncidentStore]
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[PgServer]:
-    server = PgServer(require_postgres())
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -23,7 +23,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 
 PG_USER = "postgres"  # Debian's package creates this user; initdb refuses root
@@ -127,6 +126,8 @@ class PgServer:
 
     def sql(self, statement: str, database: str = "postgres") -> str:
         """Run one statement as the superuser; its rows' first column, a line each."""
+        import psycopg  # the `test` extra's; only a test that runs a server needs it
+
         with psycopg.connect(self.url(database), autocommit=True) as conn:
             cur = conn.execute(statement.encode())
             return "\n".join(str(r[0]) for r in cur.fetchall()) if cur.description else ""
