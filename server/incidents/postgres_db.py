@@ -43,6 +43,10 @@ REAL: Final = "DOUBLE PRECISION"
 # caller keeps its data for later): long enough for a busy pool, short enough
 # that a gRPC handler answers well within an agent's deadline.
 POOL_TIMEOUT_S: Final = 5.0
+# A read's wait for a connection: the dashboard's reads take milliseconds, so
+# a pool with none free for 1 s is a server out of reach, and a page that
+# falls back to the live state alone (server.web.live) answers without it.
+READ_TIMEOUT_S: Final = 1.0
 # libpq's own wait for a server that does not answer a connect.
 CONNECT_TIMEOUT_S: Final = 5
 # Connections per coordinator: its writers are few (gRPC handlers, the
@@ -115,7 +119,8 @@ class PostgresDatabase:
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[_Tx]:
-        with self._pool.connection() as conn, conn.transaction():
+        wait = POOL_TIMEOUT_S if write else READ_TIMEOUT_S
+        with self._pool.connection(timeout=wait) as conn, conn.transaction():
             yield _Tx(conn)
 
     def migrate(self) -> int:

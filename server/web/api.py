@@ -82,9 +82,8 @@ def list_incident_rows(
 def job_ranks_or_404(ctx: ServerContext, job: str) -> schemas.JobRanks:
     snap = ctx.registry.snapshot(job)
     if snap is not None:
-        return live.job_ranks(
-            snap, ctx.registry.oldest_in_flight_age(job), ctx.store.newest_open(job).get(job)
-        )
+        stored = live.without_store(lambda: ctx.store.newest_open(job), {})
+        return live.job_ranks(snap, ctx.registry.oldest_in_flight_age(job), stored.get(job))
     if any(j.job_id == job for j in ctx.store.list_jobs()):
         return schemas.JobRanks(job=job, live=False, ranks=[])
     raise HTTPException(404, f"unknown job {job!r}")

@@ -1,0 +1,188 @@
+"""Many coordinators, one history: real `hangwatch server` processes of
+different jobs write to one real PostgreSQL (`--store`), with agents speaking
+the wire protocol and real FR dumps.
+
+- Either coordinator's API and dashboard list both jobs' incidents, filtered
+  and paged, and a host that was the culprit in both jobs is a repeat offender
+  in each coordinator's view.
+- A PostgreSQL restart while a coordinator runs: the live view keeps
+  answering, and the incident it could not open is stored once the database is
+  back.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hangwatch import formats
+from hangwatch.wire import pb, rpc
+from tests.server.conftest import (
+    ProtocolAgent,
+    gloo_dump,
+    hang_rank_2,
+    rank_meta,
+    two_nodes,
+    wait_for,
+)
+from tests.support.chaos import CoordinatorProc
+from tests.support.pgserver import PgServer
+
+HOSTS = ("gpu-node-3", "gpu-node-7")  # node a's ranks, node b's (rank 2: the culprit)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return str(r.read().decode())
+
+
+def _analysed(coord: CoordinatorProc, iid: str) -> None:
+    wait_for(
+        lambda: coord.api(f"/api/incidents/{iid}")["status"] == "analyzed", 40, f"{iid} analysed"
+    )
+
+
+@pytest.mark.timeout(240)
+def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: Path) -> None:
+    url = pg.new_database()
+    store = ("--store", url, "--repeat-offender-incidents", "3")
+    with (
+        CoordinatorProc(tmp_path / "c1", extra_args=store) as c1,
+        CoordinatorProc(tmp_path / "c2", extra_args=store) as c2,
+        grpc.insecure_channel(c1.grpc) as ch1,
+        grpc.insecure_channel(c2.grpc) as ch2,
+    ):
+        a1, b1 = two_nodes(rpc.CoordinatorStub(ch1), "job-1", ("job-1-a", "job-1-b"))
+        a2, b2 = two_nodes(rpc.CoordinatorStub(ch2), "job-2", ("job-2-a", "job-2-b"))
+        ids: dict[str, list[str]] = {"job-1": [], "job-2": []}
+        for job, coord, a, b, seq in (
+            ("job-1", c1, a1, b1, 5),
+            ("job-2", c2, a2, b2, 5),
+            ("job-1", c1, a1, b1, 9),
+        ):
+            iid = hang_rank_2(a, b, seq=seq, hosts=HOSTS)
+            _analysed(coord, iid)
+            ids[job].append(iid)
+            # The stall clears: the job trains on (the next hang is a new incident).
+            a.progress({0: (seq, seq), 1: (seq, seq)})
+            b.progress({2: (seq, seq), 3: (seq, seq)})
+            wait_for(
+                lambda c=coord, i=iid: c.api(f"/api/incidents/{i}")["status"] == "resolved",
+                40,
+                f"{iid} resolved",
+            )
+
+        every = {*ids["job-1"], *ids["job-2"]}
+        for coord in (c1, c2):
+            # One fleet view, whichever coordinator serves it.
+            assert {i["id"] for i in coord.api("/api/incidents")} == every
+            assert {i["id"] for i in coord.api("/api/incidents?job=job-2")} == set(ids["job-2"])
+            assert {i["id"] for i in coord.api("/api/incidents?verdict=hang&status=resolved")} == (
+                every
+            )
+            assert {i["id"] for i in coord.api(f"/api/incidents?host={HOSTS[1]}")} == every
+            assert coord.api(f"/api/incidents?host={HOSTS[0]}") == []  # it only waited
+            first = coord.api("/api/incidents?limit=2")
+            rest = coord.api(f"/api/incidents?limit=2&before={first[-1]['id']}")
+            assert len(first) == 2 and {i["id"] for i in first + rest} == every
+            # Each coordinator's jobs: its own live, the other's from the shared history.
+            assert {j["job"]: j["live"] for j in coord.api("/api/jobs")} == {
+                "job-1": coord is c1,
+                "job-2": coord is c2,
+            }
+            # The culprit host over both jobs: a repeat offender in either view.
+            [h] = coord.api("/api/hosts?offenders=true")["hosts"]
+            assert (h["host"], h["incidents"], h["jobs"]) == (HOSTS[1], 3, 2)
+            page = _get(coord.http + "/incidents")
+            assert all(i in page for i in every)
+        # Each bundle is in the data directory of the coordinator that collected it.
+        for job, coord in (("job-1", c1), ("job-2", c2)):
+            for iid in ids[job]:
+                assert (coord.data_dir / "incidents" / iid).is_dir()
+        for ag in (a1, b1, a2, b2):
+            ag.close()
+
+
+def _hang_and_wait_for_dump(
+    a: ProtocolAgent, b: ProtocolAgent, *, seq: int, before_dump: object, timeout: float
+) -> str:
+    """hang_rank_2's steps, with the wait for the DUMP as long as `timeout`."""
+    for step in range(max(1, seq - 4), max(4, seq - 1)):
+        a.progress({0: (step, step), 1: (step, step)})
+        b.progress({2: (step, step), 3: (step, step)})
+    stalled = {0: (seq, seq - 1), 1: (seq, seq - 1)}, {2: (seq - 1, seq - 1), 3: (seq, seq - 1)}
+    a.progress(stalled[0])
+    b.progress(stalled[1])
+    assert callable(before_dump)
+    before_dump()
+    cmd = a.next_command(timeout=timeout)
+    assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
+    iid = cmd.incident_id
+    for ag, seqs in zip((a, b), stalled, strict=True):
+        for r, (le, lc) in seqs.items():
+            dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
+            assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
+            host = HOSTS[0] if ag is a else HOSTS[1]
+            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4, host)).complete
+        assert ag.complete(iid, sorted(seqs))
+    return iid
+
+
+@pytest.mark.timeout(240)
+def test_a_postgresql_restart_while_a_coordinator_runs_loses_nothing(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    url = pg.new_database()
+    with (
+        # Its agents send nothing while the database is down: not lost meanwhile.
+        CoordinatorProc(
+            tmp_path / "c1", agent_lost_timeout=120.0, extra_args=("--store", url)
+        ) as coord,
+        grpc.insecure_channel(coord.grpc) as ch,
+    ):
+        a, b = two_nodes(rpc.CoordinatorStub(ch), "job-1", ("job-1-a", "job-1-b"))
+        first = hang_rank_2(a, b, seq=5, hosts=HOSTS)
+        _analysed(coord, first)
+        a.progress({0: (5, 5), 1: (5, 5)})
+        b.progress({2: (5, 5), 3: (5, 5)})
+        wait_for(
+            lambda: coord.api(f"/api/incidents/{first}")["status"] == "resolved", 40, "resolved"
+        )
+
+        down_at: list[float] = []
+
+        def database_down_while_stalled() -> None:
+            pg.stop()
+            down_at.append(time.monotonic())
+            # The stall is seen live, the incident cannot be opened: said, and waited out.
+            wait_for(
+                lambda: "cannot open an incident" in coord.log(), 60, "the refused incident said"
+            )
+            ranks = coord.api("/api/jobs/job-1/ranks")
+            assert ranks["live"] and [s["group"] for s in ranks["stalled"]] == ["0"], ranks
+            [job] = coord.api("/api/jobs")
+            assert (job["job"], job["live"], job["stalled_groups"]) == ("job-1", True, 1)
+            # Down long enough for the pool to back off more than once (1 s, 2 s, ...).
+            time.sleep(3)
+            pg.start()
+
+        try:
+            second = _hang_and_wait_for_dump(
+                a, b, seq=9, before_dump=database_down_while_stalled, timeout=90
+            )
+        finally:
+            if not pg_running(pg):
+                pg.start()
+        _analysed(coord, second)
+        assert [i["id"] for i in coord.api("/api/incidents")] == [second, first]
+        assert "refused the write" in coord.log()
+        for ag in (a, b):
+            ag.close()
+
+
+def pg_running(pg: PgServer) -> bool:
+    return (pg.data / "postmaster.pid").exists()
