@@ -188,6 +188,15 @@ class ServeSection:
             [SERVER, DEMO],
         ),
     )
+    incidents_dir: str | None = field(
+        default=None,
+        metadata=_opt(
+            "Where incident bundles are written (default: incidents/ in --data-dir). Coordinators"
+            " sharing a --store can share one on a shared filesystem: then any of their"
+            " dashboards serves every incident's bundle.",
+            [SERVER],
+        ),
+    )
     store: str | None = field(
         default=None,
         metadata=_opt(

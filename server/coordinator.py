@@ -103,6 +103,7 @@ class Coordinator:
             config.serve.store,
             self.data_dir,
             password=config.serve.resolved_store_password(),
+            incidents_root=Path(config.serve.incidents_dir) if config.serve.incidents_dir else None,
         )
         log.info("incident store: %s (%s)", self.store.describe(), self.store.kind)
         self.metrics = Metrics()

@@ -257,20 +257,23 @@ class IncidentStore:
 
     @classmethod
     def open(
-        cls, store: str | None, data_dir: Path, *, password: str | None = None
+        cls,
+        store: str | None,
+        data_dir: Path,
+        *,
+        password: str | None = None,
+        incidents_root: Path | None = None,
     ) -> IncidentStore:
         """The coordinator's store: SQLite in `data_dir` when `store` is None or
         empty, else the PostgreSQL at the `store` URL. Bundles go under
-        `data_dir` either way."""
+        `incidents_root` (default: `incidents/` in `data_dir`) either way."""
+        root = Path(incidents_root) if incidents_root else Path(data_dir) / INCIDENTS_DIR
         if not store:
-            return cls.in_dir(data_dir)
+            return cls(Path(data_dir) / DB_FILE, incidents_root=root)
         # Imported here: psycopg is the optional `postgresql` extra.
         from hangwatch.server.incidents.postgres_db import PostgresDatabase
 
-        return cls(
-            PostgresDatabase(store, password=password),
-            incidents_root=Path(data_dir) / INCIDENTS_DIR,
-        )
+        return cls(PostgresDatabase(store, password=password), incidents_root=root)
 
     # ---- files ---------------------------------------------------------------
 

@@ -81,6 +81,7 @@ KNOWN_SETTINGS = {
     "grpc_port": ("serve", "--grpc-port", "HANGWATCH_GRPC_PORT"),
     "http_port": ("serve", "--http-port", "HANGWATCH_HTTP_PORT"),
     "data_dir": ("serve", "--data-dir", "HANGWATCH_DATA_DIR"),
+    "incidents_dir": ("serve", "--incidents-dir", "HANGWATCH_INCIDENTS_DIR"),
     "store": ("serve", "--store", "HANGWATCH_STORE"),
     "store_password_file": ("serve", "--store-password-file", "HANGWATCH_STORE_PASSWORD_FILE"),
     "store_password": ("serve", None, "HANGWATCH_STORE_PASSWORD"),

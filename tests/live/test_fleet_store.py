@@ -3,8 +3,8 @@ different jobs write to one real PostgreSQL (`--store`), with agents speaking
 the wire protocol and real FR dumps.
 
 - Either coordinator's API and dashboard list both jobs' incidents, filtered
-  and paged, and a host that was the culprit in both jobs is a repeat offender
-  in each coordinator's view.
+  and paged, and serve both jobs' bundles (a shared --incidents-dir); a host
+  that was the culprit in both jobs is a repeat offender in each view.
 - A PostgreSQL restart while a coordinator runs: the live view keeps
   answering, and the incident it could not open is stored once the database is
   back.
@@ -49,7 +49,8 @@ def _analysed(coord: CoordinatorProc, iid: str) -> None:
 @pytest.mark.timeout(240)
 def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: Path) -> None:
     url = pg.new_database()
-    store = ("--store", url, "--repeat-offender-incidents", "3")
+    shared = tmp_path / "shared-incidents"  # as on a filesystem both coordinators mount
+    store = ("--store", url, "--repeat-offender-incidents", "3", "--incidents-dir", str(shared))
     with (
         CoordinatorProc(tmp_path / "c1", extra_args=store) as c1,
         CoordinatorProc(tmp_path / "c2", extra_args=store) as c2,
@@ -99,10 +100,20 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
             assert (h["host"], h["incidents"], h["jobs"]) == (HOSTS[1], 3, 2)
             page = _get(coord.http + "/incidents")
             assert all(i in page for i in every)
-        # Each bundle is in the data directory of the coordinator that collected it.
-        for job, coord in (("job-1", c1), ("job-2", c2)):
-            for iid in ids[job]:
-                assert (coord.data_dir / "incidents" / iid).is_dir()
+        # Each bundle is in the shared bundle directory, and either dashboard
+        # serves any of them (the other job's included).
+        for coord in (c1, c2):
+            for iid in every:
+                assert (shared / iid).is_dir()
+                with urllib.request.urlopen(
+                    f"{coord.http}/api/incidents/{iid}/bundle", timeout=10
+                ) as r:
+                    assert r.headers["content-type"] == "application/gzip" and r.read(2) == (
+                        b"\x1f\x8b"
+                    )
+        assert not (c1.data_dir / "incidents").exists() or not any(
+            (c1.data_dir / "incidents").iterdir()
+        )
         for ag in (a1, b1, a2, b2):
             ag.close()
 
