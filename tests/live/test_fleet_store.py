@@ -144,12 +144,26 @@ def _hang_and_wait_for_dump(
 
 
 @pytest.mark.timeout(240)
-def test_a_postgresql_restart_while_a_coordinator_runs_loses_nothing(
-    pg: PgServer, tmp_path: Path
+@pytest.mark.parametrize("fault", ["restart", "read-only"])
+def test_a_database_that_goes_away_while_a_coordinator_runs_costs_nothing(
+    pg: PgServer, tmp_path: Path, fault: str
 ) -> None:
+    """restart: the server stops and starts again (`pg_ctl`); read-only: as
+    after a failover to a standby (sessions cut, new ones read-only). Either
+    way the stall is shown live, the refusal said, nothing stored lost, and the
+    incident stored once the database takes writes again."""
     url = pg.new_database()
+    db = url.rsplit("/", 1)[1]
+
+    def read_only(on: bool) -> None:
+        pg.sql(f"ALTER DATABASE {db} SET default_transaction_read_only = {'on' if on else 'off'}")
+        pg.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{db}' AND pid <> pg_backend_pid()"
+        )
+
     with (
-        # Its agents send nothing while the database is down: not lost meanwhile.
+        # Its agents send nothing while the database is away: not lost meanwhile.
         CoordinatorProc(
             tmp_path / "c1", agent_lost_timeout=120.0, extra_args=("--store", url)
         ) as coord,
@@ -164,11 +178,11 @@ def test_a_postgresql_restart_while_a_coordinator_runs_loses_nothing(
             lambda: coord.api(f"/api/incidents/{first}")["status"] == "resolved", 40, "resolved"
         )
 
-        down_at: list[float] = []
-
-        def database_down_while_stalled() -> None:
-            pg.stop()
-            down_at.append(time.monotonic())
+        def database_away_while_stalled() -> None:
+            if fault == "restart":
+                pg.stop()
+            else:
+                read_only(True)
             # The stall is seen live, the incident cannot be opened: said, and waited out.
             wait_for(
                 lambda: "cannot open an incident" in coord.log(), 60, "the refused incident said"
@@ -177,19 +191,27 @@ def test_a_postgresql_restart_while_a_coordinator_runs_loses_nothing(
             assert ranks["live"] and [s["group"] for s in ranks["stalled"]] == ["0"], ranks
             [job] = coord.api("/api/jobs")
             assert (job["job"], job["live"], job["stalled_groups"]) == ("job-1", True, 1)
-            # Down long enough for the pool to back off more than once (1 s, 2 s, ...).
+            if fault == "read-only":
+                # What was stored stays readable.
+                assert [i["id"] for i in coord.api("/api/incidents")] == [first]
+            # Away long enough for the pool to back off more than once (1 s, 2 s, ...).
             time.sleep(3)
-            pg.start()
+            if fault == "restart":
+                pg.start()
+            else:
+                read_only(False)
 
         try:
             second = _hang_and_wait_for_dump(
-                a, b, seq=9, before_dump=database_down_while_stalled, timeout=90
+                a, b, seq=9, before_dump=database_away_while_stalled, timeout=90
             )
         finally:
             if not pg_running(pg):
                 pg.start()
+            read_only(False)
         _analysed(coord, second)
         assert [i["id"] for i in coord.api("/api/incidents")] == [second, first]
+        assert coord.api(f"/api/incidents/{first}")["status"] == "resolved"
         assert "refused the write" in coord.log()
         for ag in (a, b):
             ag.close()

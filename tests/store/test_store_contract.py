@@ -157,13 +157,21 @@ def test_a_host_that_held_the_culprit_of_three_incidents_over_two_jobs(
     a1 = incident("job-a", 1000.0, _report([1]))  # node-a
     a2 = incident("job-a", 2000.0, _report([0], "crash"))  # node-a: a crash counts
     b1 = incident("job-b", 3000.0, _report([0, 1]))  # node-a, one incident
-    incident("job-b", 3500.0, _report([2]))  # node-b, once
+    on_gpu_3 = _report([2])  # node-b, once; NVML lists rank 2's pid on GPU 3
+    on_gpu_3.evidence[2] = RankEvidence(
+        rank=2,
+        host="node-b",
+        pid=102,
+        gpu={"available": True, "devices": [{"index": 3, "processes": [{"pid": 102}]}]},
+    )
+    incident("job-b", 3500.0, on_gpu_3)
     incident("job-b", 4000.0, _report([3], "mismatch"))  # the program's, not node-c's
 
     hist = store.host_history()
     assert [(h.host, h.incidents, h.jobs) for h in hist] == [("node-a", 3, 2), ("node-b", 1, 1)]
     assert hist[0].incident_ids == [b1, a2, a1] and hist[0].job_ids == ["job-a", "job-b"]
     assert (hist[0].first, hist[0].last) == (1000.0, 3000.0)
+    assert (hist[0].gpus, hist[1].gpus) == ([], [3])
     assert store.count_hosts(since=0.0, min_incidents=3) == 1
     assert store.count_hosts(since=2500.0, min_incidents=1) == 2
     [recent] = store.host_history(since=1500.0, host="node-a")
