@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from hangwatch.analyzer.report import VERDICTS
 from hangwatch.server.incidents.hosts import OffenderRule
-from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES
+from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES, IncidentRow
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
 from hangwatch.server.web.templating import environment
@@ -43,7 +43,8 @@ def login_html(next_path: str, message: str) -> str:
 def jobs_page(request: Request) -> HTMLResponse:
     ctx = api.ctx_of(request)
     jobs = live.job_summaries(ctx.registry, ctx.store)
-    recent = ctx.store.list_incidents(limit=10)
+    none: list[IncidentRow] = []
+    recent = live.without_store(lambda: ctx.store.list_incidents(limit=10), none)
     return render(request, "jobs.html", jobs=jobs, recent=recent)
 
 
@@ -71,7 +72,8 @@ def job_page(job: str, request: Request) -> HTMLResponse:
         )
         for i, r in live.ranks_or_missing(ranks)
     ]
-    incidents = ctx.store.list_incidents(job_id=job, limit=20)
+    none: list[IncidentRow] = []
+    incidents = live.without_store(lambda: ctx.store.list_incidents(job_id=job, limit=20), none)
     return render(
         request,
         "job.html",

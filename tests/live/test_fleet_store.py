@@ -13,6 +13,7 @@ the wire protocol and real FR dumps.
 from __future__ import annotations
 
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -40,10 +41,22 @@ def _get(url: str) -> str:
         return str(r.read().decode())
 
 
+def _status(coord: CoordinatorProc, iid: str) -> str | None:
+    """The incident's status; None while the store is out of reach (a 503 that
+    says so: the pool reconnects to a database that is back within seconds)."""
+    try:
+        return str(coord.api(f"/api/incidents/{iid}")["status"])
+    except urllib.error.HTTPError as e:
+        body = e.read().decode()
+        e.close()  # the error holds the response open
+        if e.code != 503:
+            raise
+        assert "the incident store is unavailable" in body, body
+        return None
+
+
 def _analysed(coord: CoordinatorProc, iid: str) -> None:
-    wait_for(
-        lambda: coord.api(f"/api/incidents/{iid}")["status"] == "analyzed", 40, f"{iid} analysed"
-    )
+    wait_for(lambda: _status(coord, iid) == "analyzed", 40, f"{iid} analysed")
 
 
 @pytest.mark.timeout(240)
