@@ -5,13 +5,17 @@ the wire protocol and real FR dumps.
 - Either coordinator's API and dashboard list both jobs' incidents, filtered
   and paged, and serve both jobs' bundles (a shared --incidents-dir); a host
   that was the culprit in both jobs is a repeat offender in each view.
-- A PostgreSQL restart while a coordinator runs: the live view keeps
-  answering, and the incident it could not open is stored once the database is
-  back.
+- A PostgreSQL restart, or a read-only database, while a coordinator runs:
+  the live view keeps answering, and the incident it could not open is stored
+  once the database takes writes again.
+- Two coordinators store incidents at once and one is killed -9 in the
+  middle of its own: one incident a job, each whole, none twice.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +26,7 @@ import pytest
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
+from tests.hardening.util import analyzer_worker, rank_files
 from tests.server.conftest import (
     ProtocolAgent,
     gloo_dump,
@@ -232,3 +237,50 @@ def test_a_database_that_goes_away_while_a_coordinator_runs_costs_nothing(
 
 def pg_running(pg: PgServer) -> bool:
     return (pg.data / "postmaster.pid").exists()
+
+
+@pytest.mark.timeout(240)
+def test_two_coordinators_store_at_once_and_one_is_killed_mid_incident(
+    pg: PgServer, tmp_path: Path
+) -> None:
+    """Both coordinators hold an incident at once; c1 is SIGKILLed while its
+    verdict is being made (its analyzer worker SIGSTOPped, so the incident is
+    collected, every dump on disk, the verdict not stored) and c2 stores its own
+    meanwhile. Restarted on its data directory, c1 finishes its one incident:
+    one incident a job in the shared store, each whole, none twice."""
+    url = pg.new_database()
+    c1 = CoordinatorProc(tmp_path / "c1", dump_deadline=60.0, extra_args=("--store", url))
+    # job-2's agents send nothing while c1 restarts: not lost (its incident stays analysed).
+    c2 = CoordinatorProc(tmp_path / "c2", agent_lost_timeout=120.0, extra_args=("--store", url))
+    worker = None
+    with c1, c2, grpc.insecure_channel(c1.grpc) as ch1, grpc.insecure_channel(c2.grpc) as ch2:
+        worker = wait_for(lambda: analyzer_worker(c1.pid), 30, "c1's analyzer worker")
+        a1, b1 = two_nodes(rpc.CoordinatorStub(ch1), "job-1", ("job-1-a", "job-1-b"))
+        a2, b2 = two_nodes(rpc.CoordinatorStub(ch2), "job-2", ("job-2-a", "job-2-b"))
+        os.kill(worker, signal.SIGSTOP)
+        first = hang_rank_2(a1, b1, seq=5, hosts=HOSTS)
+        doc = c1.data_dir / "incidents" / first / "incident.json"
+        wait_for(doc.is_file, 30, "c1's incident collected")
+        assert c1.api(f"/api/incidents/{first}")["status"] == "collecting"
+        # c2 stores its incident while c1 holds its own.
+        second = hang_rank_2(a2, b2, seq=5, hosts=HOSTS)
+        c1.kill()
+        os.kill(worker, signal.SIGKILL)  # what is left of the killed one's analysis
+        for ag in (a1, b1):
+            ag.close()
+        _analysed(c2, second)
+        held = rank_files(c1.data_dir / "incidents" / first)
+        c1.start()
+        _analysed(c1, first)
+        for coord in (c1, c2):
+            rows = coord.api("/api/incidents")
+            assert sorted(r["id"] for r in rows) == sorted([first, second])
+            assert {(r["job"], r["status"], tuple(r["lagging_ranks"])) for r in rows} == {
+                ("job-1", "analyzed", (2,)),
+                ("job-2", "analyzed", (2,)),
+            }
+        assert rank_files(c1.data_dir / "incidents" / first) == held and len(held) == 8
+        [h] = c2.api("/api/hosts")["hosts"]
+        assert (h["host"], h["incidents"], h["jobs"]) == (HOSTS[1], 2, 2)
+        for ag in (a2, b2):
+            ag.close()
