@@ -56,6 +56,7 @@ def _writer(url: str, job: str, root: Path) -> subprocess.Popen[str]:
     return p
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(120)
 def test_a_writer_killed_mid_write_loses_duplicates_and_half_writes_nothing(
     pg: PgServer, tmp_path: Path

@@ -18,6 +18,7 @@ from tests.web import harness
 JOB = "llama-70b"
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(90)
 def test_the_live_view_answers_while_the_store_is_away(pg: PgServer, tmp_path: Path) -> None:
     store = IncidentStore.open(pg.new_database(), tmp_path)
