@@ -2,9 +2,10 @@
 different jobs write to one real PostgreSQL (`--store`), with agents speaking
 the wire protocol and real FR dumps.
 
-- Either coordinator's API and dashboard list both jobs' incidents, filtered
-  and paged, and serve both jobs' bundles (a shared --incidents-dir); a host
-  that was the culprit in both jobs is a repeat offender in each view.
+- Either coordinator's API and dashboard, and those of a third coordinator
+  of no job (a fleet dashboard), list both jobs' incidents, filtered and
+  paged, and serve both jobs' bundles (a shared --incidents-dir); a host that
+  was the culprit in both jobs is a repeat offender in each view.
 - A PostgreSQL restart, or a read-only database, while a coordinator runs:
   the live view keeps answering, and the incident it could not open is stored
   once the database takes writes again.
@@ -69,9 +70,10 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
     url = pg.new_database()
     shared = tmp_path / "shared-incidents"  # as on a filesystem both coordinators mount
     store = ("--store", url, "--repeat-offender-incidents", "3", "--incidents-dir", str(shared))
+    # The agents are idle while the views are checked: not lost meanwhile.
     with (
-        CoordinatorProc(tmp_path / "c1", extra_args=store) as c1,
-        CoordinatorProc(tmp_path / "c2", extra_args=store) as c2,
+        CoordinatorProc(tmp_path / "c1", agent_lost_timeout=120.0, extra_args=store) as c1,
+        CoordinatorProc(tmp_path / "c2", agent_lost_timeout=120.0, extra_args=store) as c2,
         grpc.insecure_channel(c1.grpc) as ch1,
         grpc.insecure_channel(c2.grpc) as ch2,
     ):
@@ -96,7 +98,11 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
             )
 
         every = {*ids["job-1"], *ids["job-2"]}
-        for coord in (c1, c2):
+        # A fleet dashboard: a coordinator of no job, on the same store and bundles.
+        fleet = CoordinatorProc(tmp_path / "fleet", extra_args=store)
+        fleet.start()
+        views = (c1, c2, fleet)
+        for coord in views:
             # One fleet view, whichever coordinator serves it.
             assert {i["id"] for i in coord.api("/api/incidents")} == every
             assert {i["id"] for i in coord.api("/api/incidents?job=job-2")} == set(ids["job-2"])
@@ -108,7 +114,7 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
             first = coord.api("/api/incidents?limit=2")
             rest = coord.api(f"/api/incidents?limit=2&before={first[-1]['id']}")
             assert len(first) == 2 and {i["id"] for i in first + rest} == every
-            # Each coordinator's jobs: its own live, the other's from the shared history.
+            # Each coordinator's jobs: its own live, the others from the shared history.
             assert {j["job"]: j["live"] for j in coord.api("/api/jobs")} == {
                 "job-1": coord is c1,
                 "job-2": coord is c2,
@@ -118,9 +124,9 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
             assert (h["host"], h["incidents"], h["jobs"]) == (HOSTS[1], 3, 2)
             page = _get(coord.http + "/incidents")
             assert all(i in page for i in every)
-        # Each bundle is in the shared bundle directory, and either dashboard
+        # Each bundle is in the shared bundle directory, and every dashboard
         # serves any of them (the other job's included).
-        for coord in (c1, c2):
+        for coord in views:
             for iid in every:
                 assert (shared / iid).is_dir()
                 with urllib.request.urlopen(
@@ -132,6 +138,7 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
         assert not (c1.data_dir / "incidents").exists() or not any(
             (c1.data_dir / "incidents").iterdir()
         )
+        fleet.stop()
         for ag in (a1, b1, a2, b2):
             ag.close()
 
