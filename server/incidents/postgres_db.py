@@ -112,7 +112,7 @@ class PostgresDatabase:
             self._pool.open(wait=True, timeout=POOL_TIMEOUT_S + CONNECT_TIMEOUT_S)
         except Exception as e:
             self._pool.close()
-            raise RuntimeError(f"cannot reach the incident store {url}: {e}") from e
+            raise RuntimeError(f"cannot reach it: {e}") from e
 
     def describe(self) -> str:
         return self.url  # check_store_url: it carries no password

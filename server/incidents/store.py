@@ -188,6 +188,11 @@ def refusal(error: BaseException) -> str:
     return "the incident store's database refused the write (full, read-only or unreachable)"
 
 
+class StoreOpenError(RuntimeError):
+    """The coordinator's store cannot be opened: unreachable, a schema newer
+    than this hangwatch, psycopg missing, a file it may not write. One line."""
+
+
 class IncidentStore:
     """Incidents and the jobs they belong to: in `<data_dir>/hangwatch.db`
     (`IncidentStore(path)`, `in_dir`), or in a shared PostgreSQL (`open`)."""
@@ -269,11 +274,27 @@ class IncidentStore:
         `incidents_root` (default: `incidents/` in `data_dir`) either way."""
         root = Path(incidents_root) if incidents_root else Path(data_dir) / INCIDENTS_DIR
         if not store:
-            return cls(Path(data_dir) / DB_FILE, incidents_root=root)
-        # Imported here: psycopg is the optional `postgresql` extra.
-        from hangwatch.server.incidents.postgres_db import PostgresDatabase
-
-        return cls(PostgresDatabase(store, password=password), incidents_root=root)
+            where = str(Path(data_dir) / DB_FILE)
+            try:
+                return cls(Path(data_dir) / DB_FILE, incidents_root=root)
+            except Exception as e:
+                raise StoreOpenError(f"cannot open the incident store {where}: {e}") from e
+        try:
+            # Imported here: psycopg is the optional `postgresql` extra.
+            from hangwatch.server.incidents.postgres_db import PostgresDatabase
+        except ImportError as e:
+            raise StoreOpenError(
+                f"--store needs psycopg 3 and psycopg-pool: pip install 'hangwatch[postgresql]' ({e})"
+            ) from e
+        try:
+            return cls(PostgresDatabase(store, password=password), incidents_root=root)
+        except ValueError:
+            raise  # a URL that carries a password: said without it
+        except StoreOpenError:
+            raise
+        except Exception as e:
+            # The URL carries no password (PostgresDatabase refused it above).
+            raise StoreOpenError(f"cannot open the incident store {store}: {e}") from e
 
     # ---- files ---------------------------------------------------------------
 

@@ -5,6 +5,9 @@ restart) says so clearly, in a way the coordinator waits out, and loses nothing.
 from __future__ import annotations
 
 import argparse
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,7 +53,9 @@ def test_the_password_comes_from_a_file_or_the_environment(pg: PgServer, tmp_pat
     pg.pg_ctl("reload")
     role_url = url.replace(f"//{pg.user}@", "//hw_pw@")
 
-    with pytest.raises(RuntimeError, match="cannot reach the incident store") as e:
+    with pytest.raises(
+        RuntimeError, match=r"cannot open the incident store .*: cannot reach it"
+    ) as e:
         IncidentStore.open(role_url, tmp_path, password="wrong-one")
     assert "wrong-one" not in str(e.value)
 
@@ -139,3 +144,26 @@ def test_a_server_restart_costs_no_store_and_no_row(pg: PgServer, tmp_path: Path
             time.sleep(0.5)
     assert [r.id for r in store.list_incidents()] == [b.id, a.id]
     store.close()
+
+
+@pytest.mark.timeout(60)
+def test_hangwatch_server_refuses_a_store_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    """The real CLI: no traceback, exit 2, the password never printed."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = [sys.executable, "-m", "hangwatch", "server", "--grpc-port", "0", "--http-port", "0"]
+    for url, said in (
+        (f"postgresql://hw@127.0.0.1:{port}/hw", "cannot open the incident store"),
+        (f"postgresql://hw:s3cret@127.0.0.1:{port}/hw", "must not carry a password"),
+    ):
+        p = subprocess.run(
+            [*base, "--data-dir", str(tmp_path / "data"), "--store", url],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.startswith("hangwatch server: ") and said in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and "s3cret" not in p.stderr + p.stdout
