@@ -5,10 +5,14 @@ restart) says so clearly, in a way the coordinator waits out, and loses nothing.
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
+import secrets
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -16,7 +20,8 @@ import pytest
 from hangwatch.server.incidents.store import IncidentStore, disk_full
 
 from hangwatch.config import Config, add_arguments, for_command
-from tests.support.pgserver import PgServer
+from tests.hardening.util import tmpfs
+from tests.support.pgserver import PG_USER, PgServer
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -167,3 +172,48 @@ def test_hangwatch_server_refuses_a_store_it_cannot_use_in_one_line(tmp_path: Pa
         assert p.returncode == 2, p.stderr
         assert p.stderr.startswith("hangwatch server: ") and said in p.stderr, p.stderr
         assert "Traceback" not in p.stderr and "s3cret" not in p.stderr + p.stdout
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(120)
+def test_a_full_database_refuses_clearly_and_loses_nothing(pg: PgServer, tmp_path: Path) -> None:
+    """The database's tablespace on a small tmpfs, filled to the last byte: a
+    write fails with PostgreSQL's disk-full error (SQLSTATE 53100), which the
+    coordinator waits out (`disk_full`); what was stored stays readable; room
+    made, writes go through again."""
+    tag = uuid.uuid4().hex[:12]
+    # Under the server's own directory: the postgres user cannot reach tmp_path.
+    mnt = tmpfs(pg.root / f"ts-{tag}", 32 << 20)
+    space = mnt.path / "pg"
+    space.mkdir()
+    if os.geteuid() == 0:
+        owner = pwd.getpwnam(PG_USER)
+        os.chown(space, owner.pw_uid, owner.pw_gid)
+    db = f"t_full_{tag}"
+    pg.sql(f"CREATE TABLESPACE ts_{tag} LOCATION '{space}'")
+    store: IncidentStore | None = None
+    try:
+        pg.sql(f"CREATE DATABASE {db} TABLESPACE ts_{tag}")
+        store = IncidentStore.open(pg.url(db), tmp_path / "data")
+        kept = store.create_incident(job_id="j", reason="r", trigger="stall", ranks_expected=[0])
+        mnt.fill(leave_bytes=0)
+        with pytest.raises(psycopg.OperationalError) as e:
+            for _ in range(10_000):  # each row a few KB that do not compress
+                row = store.create_incident(
+                    job_id="j", reason=secrets.token_hex(4096), trigger="stall", ranks_expected=[0]
+                )
+        assert e.value.sqlstate == "53100", e.value
+        assert disk_full(e.value)
+        assert store.get_incident(kept.id) is not None
+        stored = store.list_incidents(limit=100_000)
+        assert kept.id in {r.id for r in stored}
+        mnt.free()
+        row = store.create_incident(job_id="j", reason="r", trigger="stall", ranks_expected=[0])
+        assert len(store.list_incidents(limit=100_000)) == len(stored) + 1
+        assert row.id == store.list_incidents(limit=1)[0].id
+    finally:
+        if store is not None:
+            store.close()
+        pg.sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        pg.sql(f"DROP TABLESPACE IF EXISTS ts_{tag}")
+        mnt.unmount()
