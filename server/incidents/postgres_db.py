@@ -161,4 +161,7 @@ class PostgresDatabase:
         return "wal"  # PostgreSQL's write-ahead log is always on
 
     def close(self) -> None:
-        self._pool.close()
+        # Its reconnect workers may be asleep in a back-off while the server is
+        # away: the coordinator's bounded shutdown waits 2 s for them, not
+        # psycopg_pool's default 5.
+        self._pool.close(timeout=2.0)
