@@ -44,6 +44,11 @@ def test_the_live_view_answers_while_the_store_is_away(pg: PgServer, tmp_path: P
                 assert ranks.status_code == 200 and len(ranks.json()["ranks"]) == 16
                 assert c.get(f"/jobs/{JOB}").status_code == 200
                 assert JOB in c.get("/").text
+                # /metrics: the live series scraped, the stored ones missing.
+                metrics = c.get("/metrics")
+                assert metrics.status_code == 200, metrics.text
+                assert f'hangwatch_job_stalled{{job="{JOB}"}} 1.0' in metrics.text
+                assert "hangwatch_incidents_stored" not in metrics.text
             finally:
                 pg.start()
             deadline = time.monotonic() + 30
@@ -52,5 +57,8 @@ def test_the_live_view_answers_while_the_store_is_away(pg: PgServer, tmp_path: P
                 time.sleep(0.2)
             assert r.status_code == 200 and r.json()["verdict"] == "hang"
             assert c.get("/readyz").status_code == 200
+            assert 'hangwatch_incidents_stored{state="analyzed",verdict="hang"} 1.0' in (
+                c.get("/metrics").text
+            )
     finally:
         store.close()
