@@ -184,15 +184,15 @@ def test_a_full_database_refuses_clearly_and_loses_nothing(pg: PgServer, tmp_pat
     tag = uuid.uuid4().hex[:12]
     # Under the server's own directory: the postgres user cannot reach tmp_path.
     mnt = tmpfs(pg.root / f"ts-{tag}", 32 << 20)
-    space = mnt.path / "pg"
-    space.mkdir()
-    if os.geteuid() == 0:
-        owner = pwd.getpwnam(PG_USER)
-        os.chown(space, owner.pw_uid, owner.pw_gid)
     db = f"t_full_{tag}"
-    pg.sql(f"CREATE TABLESPACE ts_{tag} LOCATION '{space}'")
     store: IncidentStore | None = None
     try:
+        space = mnt.path / "pg"
+        space.mkdir()
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam(PG_USER)
+            os.chown(space, owner.pw_uid, owner.pw_gid)
+        pg.sql(f"CREATE TABLESPACE ts_{tag} LOCATION '{space}'")
         pg.sql(f"CREATE DATABASE {db} TABLESPACE ts_{tag}")
         store = IncidentStore.open(pg.url(db), tmp_path / "data")
         kept = store.create_incident(job_id="j", reason="r", trigger="stall", ranks_expected=[0])
