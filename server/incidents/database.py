@@ -118,6 +118,9 @@ class Database(Protocol):
     kind: str
     # The engine's `max(a, b)` of two values: SQLite's MAX, PostgreSQL's GREATEST.
     greatest: str
+    # An aggregate of a group's distinct values of column `{}` as a JSON array,
+    # in text: SQLite's json_group_array, PostgreSQL's json_agg.
+    distinct_json_array: str
 
     def transaction(self, *, write: bool = True) -> AbstractContextManager[Transaction]:
         """A transaction that commits on a clean exit and rolls back on any

@@ -78,6 +78,7 @@ class _Tx:
 class PostgresDatabase:
     kind = "postgresql"
     greatest = "GREATEST"
+    distinct_json_array = "json_agg(DISTINCT {})::text"
 
     def __init__(self, url: str, *, password: str | None = None) -> None:
         # A URL with a password is refused before it can reach a log line.

@@ -40,6 +40,7 @@ class _Tx:
 class SQLiteDatabase:
     kind = "sqlite"
     greatest = "MAX"
+    distinct_json_array = "json_group_array(DISTINCT {})"
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
