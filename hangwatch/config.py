@@ -19,6 +19,7 @@ import shlex
 import socket
 import string
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +188,40 @@ class ServeSection:
             [SERVER, DEMO],
         ),
     )
+    incidents_dir: str | None = field(
+        default=None,
+        metadata=_opt(
+            "Where incident bundles are written (default: incidents/ in --data-dir). Coordinators"
+            " sharing a --store can share one on a shared filesystem: then any of their"
+            " dashboards serves every incident's bundle.",
+            [SERVER],
+        ),
+    )
+    store: str | None = field(
+        default=None,
+        metadata=_opt(
+            "Incident store shared by many jobs' coordinators: a postgresql://user@host:port/db"
+            " URL, without a password (see --store-password-file). Default: SQLite in"
+            " --data-dir. Bundles stay in --data-dir either way.",
+            [SERVER],
+        ),
+    )
+    store_password_file: str | None = field(
+        default=None,
+        metadata=_opt(
+            "File holding the --store database's password (or set HANGWATCH_STORE_PASSWORD;"
+            " without either, libpq's PGPASSFILE / PGPASSWORD apply).",
+            [SERVER],
+        ),
+    )
+    store_password: str | None = field(
+        default=None,
+        metadata=_opt(
+            "The --store database's password. Environment only: never a CLI flag.",
+            [SERVER],
+            secret=True,
+        ),
+    )
     analyzer_memory_mb: int = field(
         default=8192,
         metadata=_opt(
@@ -202,6 +237,19 @@ class ServeSection:
             [SERVER],
         ),
     )
+
+    def resolved_store_password(self) -> str | None:
+        """The store's password from the env var or the password file; the env
+        var wins; None leaves it to libpq (PGPASSFILE, PGPASSWORD)."""
+        if self.store_password:
+            return self.store_password
+        if self.store_password_file:
+            with open(self.store_password_file, encoding="utf-8") as f:
+                pw = f.read().strip()
+            if not pw:
+                raise ValueError(f"store password file {self.store_password_file} is empty")
+            return pw
+        return None
 
 
 @dataclass(kw_only=True)
@@ -496,6 +544,12 @@ class Config:
                 check_http_url(url, "--notify-url")
             if self.serve.public_url:
                 check_http_url(self.serve.public_url, "--public-url", credentials=False)
+            if self.serve.store:
+                check_store_url(self.serve.store)
+                try:
+                    self.serve.resolved_store_password()
+                except OSError as e:
+                    raise ValueError(f"cannot read the store password: {e}") from e
         if command in (AGENT, DEMO, RUN) and self.agent.coordinator:
             check_hostport(self.agent.coordinator, "--coordinator")
         if self.respond.on_hang not in ON_HANG:
@@ -521,6 +575,23 @@ class Config:
                     f"refusing to bind non-loopback host {self.serve.host} without a token "
                     f"(set {env_var('token')} or --token-file, or pass --insecure)"
                 )
+
+
+def check_store_url(url: str) -> None:
+    """Refuse a --store that is no postgresql:// URL, or one carrying a password
+    (it would show in `ps` and in logs). The error never repeats the password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres") or not (parts.netloc or parts.path):
+        raise ValueError(
+            "--store must be a postgresql://user@host:port/database URL "
+            "(leave it unset for SQLite in --data-dir)"
+        )
+    query = urllib.parse.parse_qs(parts.query)
+    if parts.password is not None or "password" in query:
+        raise ValueError(
+            f"--store must not carry a password: set {env_var('store_password')} or "
+            "--store-password-file (or libpq's PGPASSFILE / PGPASSWORD)"
+        )
 
 
 # Section attribute -> its dataclass, in the order the reference lists them.

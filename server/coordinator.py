@@ -97,7 +97,15 @@ class Coordinator:
         self.data_dir = Path(config.serve.data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.token = config.auth.resolved_token()
-        self.store = IncidentStore.in_dir(self.data_dir)
+        # SQLite in the data directory, or the PostgreSQL that many jobs'
+        # coordinators share (--store); the bundles stay in the data directory.
+        self.store = IncidentStore.open(
+            config.serve.store,
+            self.data_dir,
+            password=config.serve.resolved_store_password(),
+            incidents_root=Path(config.serve.incidents_dir) if config.serve.incidents_dir else None,
+        )
+        log.info("incident store: %s (%s)", self.store.describe(), self.store.kind)
         self.metrics = Metrics()
         # Built with no webhooks too, so that anything may publish to it.
         self.notifier = Notifier(

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from hangwatch.server.app_state import ServerContext
 from hangwatch.server.coordinator import Coordinator, hostport
+from hangwatch.server.incidents.store import StoreOpenError
 from hangwatch.server.workers import Worker, Workers
 
 from hangwatch.config import Config
@@ -86,6 +87,9 @@ class ServerRuntime:
                 ) from e
         try:
             self.coordinator = Coordinator(conf, http_address=self.http_address)
+        except StoreOpenError as e:
+            self._http_sock.close()
+            raise StartError(str(e)) from e
         except BaseException:
             self._http_sock.close()
             raise

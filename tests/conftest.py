@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.pgserver import PgServer, require_postgres
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -44,7 +47,9 @@ LIGHT_NICENESS = 10
 
 
 def _realtime(item: pytest.Item) -> bool:
-    if "torch" in item.keywords or "browser" in item.keywords:
+    # `realtime`: a test outside those folders that races a real clock (a
+    # database server stopped and started again, a process killed mid-write).
+    if "torch" in item.keywords or "browser" in item.keywords or "realtime" in item.keywords:
         return True
     parts = Path(str(item.path)).resolve().relative_to(_HERE).parts
     return len(parts) > 1 and parts[0] in _REALTIME_DIRS
@@ -72,3 +77,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "torch" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgServer]:
+    """A real PostgreSQL server for this test process (tests/support/pgserver.py),
+    started on first use and stopped at the end; `pg.new_database()` per test."""
+    server = PgServer(require_postgres())
+    try:
+        yield server
+    finally:
+        server.close()

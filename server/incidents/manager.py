@@ -46,6 +46,7 @@ from hangwatch.server.incidents.store import (
     IncidentStatus,
     IncidentStore,
     disk_full,
+    refusal,
 )
 from hangwatch.server.incidents.triggers import (
     Trigger,
@@ -290,7 +291,7 @@ class IncidentManager:
                     e,
                     f"job {job_id}: stall detection failed",
                     f"job {job_id}: cannot open an incident: the stall is shown live, and "
-                    "the incident opens once space frees",
+                    "the incident opens once space frees (or the store is back)",
                 )
                 continue
             self._full_jobs.discard(job_id)
@@ -324,7 +325,7 @@ class IncidentManager:
                     e,
                     f"incident {w.incident_id}: lifecycle check failed",
                     f"incident {w.incident_id}: its state change waits and is stored once "
-                    "space frees",
+                    "space frees (or the store is back)",
                 )
                 continue
             self._full_noted.discard(w.incident_id)
@@ -482,7 +483,7 @@ class IncidentManager:
             return
         noted.add(key)
         self.metrics.inc("hangwatch_incident_writes_deferred_total")
-        log.error("%s (the data directory is full: %s)", waits, error)
+        log.error("%s (%s: %s)", waits, refusal(error), error)
 
     def _wait_for_space(self, inc: Collection, error: Exception) -> None:
         """The disk refused the verdict: the incident stays open, collecting
@@ -495,7 +496,7 @@ class IncidentManager:
             error,
             f"incident {inc.incident_id}: finalizing failed",
             f"incident {inc.incident_id}: its verdict waits and is stored once space "
-            f"frees (tried again every {DISK_FULL_RETRY_S:.0f}s)",
+            f"frees or the store is back (tried again every {DISK_FULL_RETRY_S:.0f}s)",
         )
         with self._idle:
             inc.retry_at = self.registry.now() + DISK_FULL_RETRY_S

@@ -11,17 +11,20 @@ coordinator's configuration instead of repeating it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
 from hangwatch.server.incidents.hosts import OffenderRule
-from hangwatch.server.incidents.store import IncidentStatus, IncidentStore
+from hangwatch.server.incidents.store import IncidentStatus, IncidentStore, disk_full, refusal
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import StragglerMonitor
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hangwatch.config import Config
+
+log = logging.getLogger(__name__)
 
 # Families this collector exposes, for `describe` (and the tests of deploy/).
 NAMES = (
@@ -66,7 +69,17 @@ class LiveGauges(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._jobs()
-        yield from self._incidents()
+        try:
+            incidents = list(self._incidents())
+        except Exception as e:
+            # The store out of reach (a PostgreSQL restart): the live series are
+            # still scraped, the stored ones go missing until it is back, and the
+            # coordinator does not look down to Prometheus (a failed scrape).
+            if not disk_full(e):
+                raise
+            log.warning("/metrics without the incident store's series: %s: %s", refusal(e), e)
+            incidents = []
+        yield from incidents
         yield from self._stragglers()
         yield from self._settings()
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from hangwatch.server.app_state import ServerContext
 from hangwatch.server.incidents.hosts import OffenderRule
-from hangwatch.server.incidents.store import IncidentRow
+from hangwatch.server.incidents.store import IncidentRow, UnknownIncident
 from hangwatch.server.web import bundle, live, prom, schemas
 
 router = APIRouter()
@@ -60,24 +60,30 @@ def list_incident_rows(
     until: str | None,
     verdict: str | None,
     status: str | None = None,
+    host: str | None = None,
+    before: str | None = None,
     limit: int,
 ) -> list[IncidentRow]:
-    return ctx.store.list_incidents(
-        job_id=job or None,
-        since=parse_time(since, "since"),
-        until=parse_time(until, "until"),
-        verdict=verdict or None,
-        status=status or None,
-        limit=limit,
-    )
+    try:
+        return ctx.store.list_incidents(
+            job_id=job or None,
+            since=parse_time(since, "since"),
+            until=parse_time(until, "until"),
+            verdict=verdict or None,
+            status=status or None,
+            host=host or None,
+            before=before or None,
+            limit=limit,
+        )
+    except UnknownIncident:
+        raise HTTPException(400, f"before: no incident {before!r} to page after") from None
 
 
 def job_ranks_or_404(ctx: ServerContext, job: str) -> schemas.JobRanks:
     snap = ctx.registry.snapshot(job)
     if snap is not None:
-        return live.job_ranks(
-            snap, ctx.registry.oldest_in_flight_age(job), ctx.store.newest_open(job).get(job)
-        )
+        stored = live.without_store(lambda: ctx.store.newest_open(job), {})
+        return live.job_ranks(snap, ctx.registry.oldest_in_flight_age(job), stored.get(job))
     if any(j.job_id == job for j in ctx.store.list_jobs()):
         return schemas.JobRanks(job=job, live=False, ranks=[])
     raise HTTPException(404, f"unknown job {job!r}")
@@ -157,9 +163,20 @@ def api_incidents(
     status: Annotated[
         str | None, Query(description="collecting, analyzed, resolved, ended or failed.")
     ] = None,
+    host: Annotated[
+        str | None, Query(description="Only incidents whose culprit ranks ran on this host.")
+    ] = None,
+    before: Annotated[
+        str | None,
+        Query(
+            description="The next page: the incidents after this one (the last id of the"
+            " previous page), same filters."
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
 ) -> list[schemas.IncidentSummary]:
-    """Incidents, newest first."""
+    """Incidents, newest first. With a shared store (`--store postgresql://...`)
+    every job's that writes to it, whichever coordinator stored them."""
     rows = list_incident_rows(
         ctx_of(request),
         job=job,
@@ -167,6 +184,8 @@ def api_incidents(
         until=until,
         verdict=verdict,
         status=status,
+        host=host,
+        before=before,
         limit=limit,
     )
     return [incident_summary(r) for r in rows]
@@ -298,7 +317,7 @@ def readyz(request: Request) -> JSONResponse:
     bound, so the endpoint is always there by the time this can be asked.)"""
     ctx = ctx_of(request)
     try:
-        ctx.store.journal_mode()
+        ctx.store.ping()
     except Exception:
         return _ready(False, "incident store unavailable")
     return _ready(True, "")

@@ -7,17 +7,22 @@ thing on first paint and after every refresh.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from hangwatch.analyzer.text import group_desc, seq_text
-from hangwatch.server.incidents.store import IncidentStore
+from hangwatch.server.incidents.store import IncidentStore, JobRow, disk_full, refusal
 from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.views import GroupLive, JobSnapshot, RankLive
 from hangwatch.server.web import schemas
 from hangwatch.server.web.fmt import age
 
 from hangwatch.wire import DEAD_PROCESS_STATES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEAD_STATES = DEAD_PROCESS_STATES
 # Lag buckets: under gloo a hung job is usually "1 behind" (everyone else is
@@ -120,10 +125,25 @@ def job_ranks(
     )
 
 
+def without_store(read: Callable[[], T], default: T) -> T:
+    """`read()`, or `default` while the incident store is out of reach (a
+    PostgreSQL restart, a full disk): the live view is the registry's and keeps
+    answering; only what the store adds (stored jobs, open incident ids) is
+    missing until it is back. Any other error is raised."""
+    try:
+        return read()
+    except Exception as e:
+        if not disk_full(e):
+            raise
+        log.warning("the live view answers without the incident store: %s", refusal(e))
+        return default
+
+
 def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.JobSummary]:
     """Live jobs first (by name), then jobs known only from stored incidents."""
-    stored = {j.job_id: j for j in store.list_jobs()}
-    open_ids = store.newest_open()
+    none: list[JobRow] = []
+    stored = {j.job_id: j for j in without_store(store.list_jobs, none)}
+    open_ids: dict[str, str] = without_store(store.newest_open, {})
     out: list[schemas.JobSummary] = []
     for job_id in registry.jobs():
         snap = registry.snapshot(job_id)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import datetime as _dt
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from hangwatch.analyzer.report import VERDICTS
 from hangwatch.server.incidents.hosts import OffenderRule
-from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES
+from hangwatch.server.incidents.store import OPEN_STATUSES, STATUSES, IncidentRow
 from hangwatch.server.web import api, incident_view, live, security
 from hangwatch.server.web.offline import info_from_row, render_incident_html
 from hangwatch.server.web.templating import environment
@@ -43,7 +43,8 @@ def login_html(next_path: str, message: str) -> str:
 def jobs_page(request: Request) -> HTMLResponse:
     ctx = api.ctx_of(request)
     jobs = live.job_summaries(ctx.registry, ctx.store)
-    recent = ctx.store.list_incidents(limit=10)
+    none: list[IncidentRow] = []
+    recent = live.without_store(lambda: ctx.store.list_incidents(limit=10), none)
     return render(request, "jobs.html", jobs=jobs, recent=recent)
 
 
@@ -71,7 +72,8 @@ def job_page(job: str, request: Request) -> HTMLResponse:
         )
         for i, r in live.ranks_or_missing(ranks)
     ]
-    incidents = ctx.store.list_incidents(job_id=job, limit=20)
+    none: list[IncidentRow] = []
+    incidents = live.without_store(lambda: ctx.store.list_incidents(job_id=job, limit=20), none)
     return render(
         request,
         "job.html",
@@ -102,13 +104,23 @@ def incidents_page(
     until: str | None = None,
     verdict: str | None = None,
     status: str | None = None,
+    host: str | None = None,
+    before: str | None = None,
     limit: int = 100,
 ) -> HTMLResponse:
     ctx = api.ctx_of(request)
     limit = max(1, min(limit, api.MAX_LIMIT))
     try:
         rows = api.list_incident_rows(
-            ctx, job=job, since=since, until=until, verdict=verdict, status=status, limit=limit
+            ctx,
+            job=job,
+            since=since,
+            until=until,
+            verdict=verdict,
+            status=status,
+            host=host,
+            before=before,
+            limit=limit,
         )
         error = ""
     except HTTPException as e:
@@ -120,8 +132,15 @@ def incidents_page(
         "until": until or "",
         "verdict": verdict or "",
         "status": status or "",
+        "host": host or "",
         "limit": limit,
     }
+    # A full page may have older incidents after it: the same filters, after its last row.
+    older = ""
+    if len(rows) == limit:
+        older = "/incidents?" + urlencode(
+            {**{k: v for k, v in filters.items() if v}, "before": rows[-1].id}
+        )
     return render(
         request,
         "incidents.html",
@@ -132,6 +151,8 @@ def incidents_page(
         statuses=STATUSES,
         counts=_state_counts(ctx.store.count_by_status()),
         error=error,
+        older=older,
+        paged=bool(before),
     )
 
 

@@ -43,9 +43,12 @@ HOSTILE_FILE = '"><img src=x onerror=alert(2)>'
 HOSTILE_DESC = "default_pg</td><script>alert(3)</script>"
 
 
-def make_context(data_dir: Path, *, token: str | None = None) -> ServerContext:
+def make_context(
+    data_dir: Path, *, token: str | None = None, store: IncidentStore | None = None
+) -> ServerContext:
+    """`store`: another than the SQLite one in `data_dir` (a PostgreSQL one)."""
     config = Config.of(data_dir=str(data_dir), token=token, stall_timeout=5.0)
-    store = IncidentStore.in_dir(data_dir)
+    store = store if store is not None else IncidentStore.in_dir(data_dir)
     registry = JobRegistry(agent_lost_timeout=10.0, stall_timeout=5.0)
     ctx = ServerContext(
         config=config,

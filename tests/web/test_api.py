@@ -150,6 +150,17 @@ def test_incident_filters(served: Served) -> None:
     iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(old + 1))
     assert ids(until=iso) == [older_id]
     assert len(ids(limit=1)) == 1
+    # The culprit's host (rank 3 of 8 ran on node0); a healthy verdict blames none.
+    assert ids(host="node0") == [older_id]
+    # Pages: each after the last id of the one before, together the whole list.
+    first, second = ids(limit=2), ids(limit=2, before=ids(limit=2)[-1])
+    assert first + second == ids() and len(second) == 1
+    bad = c.get("/api/incidents", params={"before": "nope"})
+    assert bad.status_code == 400 and "before" in bad.json()["detail"]
+    page = c.get("/incidents", params={"limit": 2}).text
+    assert 'id="older-page"' in page and f"before={first[-1]}" in page
+    last = c.get("/incidents", params={"limit": 2, "before": first[-1]}).text
+    assert second[0] in last and 'id="older-page"' not in last and 'id="newest-page"' in last
     item = c.get("/api/incidents", params={"job": JOB}).json()[0]
     assert set(item) >= {"id", "job", "created", "verdict", "summary", "lagging_ranks", "status"}
     bad = c.get("/api/incidents", params={"since": "yesterday-ish"})
