@@ -25,14 +25,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hangwatch import formats
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import rpc
 from tests.hardening.util import analyzer_worker, rank_files
 from tests.server.conftest import (
-    ProtocolAgent,
-    gloo_dump,
     hang_rank_2,
-    rank_meta,
     two_nodes,
     wait_for,
 )
@@ -143,31 +139,6 @@ def test_two_coordinators_of_two_jobs_share_one_history(pg: PgServer, tmp_path: 
             ag.close()
 
 
-def _hang_and_wait_for_dump(
-    a: ProtocolAgent, b: ProtocolAgent, *, seq: int, before_dump: object, timeout: float
-) -> str:
-    """hang_rank_2's steps, with the wait for the DUMP as long as `timeout`."""
-    for step in range(max(1, seq - 4), max(4, seq - 1)):
-        a.progress({0: (step, step), 1: (step, step)})
-        b.progress({2: (step, step), 3: (step, step)})
-    stalled = {0: (seq, seq - 1), 1: (seq, seq - 1)}, {2: (seq - 1, seq - 1), 3: (seq, seq - 1)}
-    a.progress(stalled[0])
-    b.progress(stalled[1])
-    assert callable(before_dump)
-    before_dump()
-    cmd = a.next_command(timeout=timeout)
-    assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
-    iid = cmd.incident_id
-    for ag, seqs in zip((a, b), stalled, strict=True):
-        for r, (le, lc) in seqs.items():
-            dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
-            assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
-            host = HOSTS[0] if ag is a else HOSTS[1]
-            assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4, host)).complete
-        assert ag.complete(iid, sorted(seqs))
-    return iid
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", ["restart", "read-only"])
 def test_a_database_that_goes_away_while_a_coordinator_runs_costs_nothing(
@@ -227,8 +198,13 @@ def test_a_database_that_goes_away_while_a_coordinator_runs_costs_nothing(
                 read_only(False)
 
         try:
-            second = _hang_and_wait_for_dump(
-                a, b, seq=9, before_dump=database_away_while_stalled, timeout=90
+            second = hang_rank_2(
+                a,
+                b,
+                seq=9,
+                hosts=HOSTS,
+                on_stalled=database_away_while_stalled,
+                dump_timeout=90,
             )
         finally:
             if not pg_running(pg):

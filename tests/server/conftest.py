@@ -346,10 +346,12 @@ def hang_rank_2(
     seq: int,
     hosts: tuple[str, str] = ("host", "host"),
     on_stalled: Callable[[], None] | None = None,
+    dump_timeout: float = 10.0,
 ) -> str:
     """Node a (ranks 0,1) and node b (ranks 2,3), registered and watching: three
     healthy steps before `seq`, then rank 2 never enters collective `seq` while
-    the others wait in it (then `on_stalled()`, if given). Waits for the DUMP,
+    the others wait in it (then `on_stalled()`, if given). Waits for the DUMP
+    (up to `dump_timeout`),
     uploads every rank's dump (its meta naming host hosts[0] for node a's ranks,
     hosts[1] for node b's) and completes; returns the incident id."""
     for step in range(max(1, seq - 4), max(4, seq - 1)):
@@ -360,7 +362,7 @@ def hang_rank_2(
     b.progress(stalled[1])
     if on_stalled is not None:
         on_stalled()
-    cmd = a.next_command(timeout=10)
+    cmd = a.next_command(timeout=dump_timeout)
     assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
     iid = cmd.incident_id
     for ag, seqs in zip((a, b), stalled, strict=True):
