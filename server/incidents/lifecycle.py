@@ -48,6 +48,9 @@ class Watch:
     opened: float  # coordinator monotonic
     onset: float  # coordinator monotonic: the stall's best-estimated start
     late_hint: list[int] = field(default_factory=list)  # trigger's not-entered ranks
+    # (group, seq, not-entered ranks) of each stalled collective the trigger saw:
+    # resolved only once those ranks entered it (registry.entered).
+    waits_on: list[tuple[str, int, list[int]]] = field(default_factory=list)
     resumed_at: float | None = None  # coordinator monotonic: progress seen after opening
     outcome: IncidentStatus | None = None  # None while collecting; then analyzed or failed
     # Recovered after a restart: the job cannot be judged stopped before its
@@ -88,12 +91,30 @@ def late_hint(info: dict[str, Any]) -> list[int]:
     return sorted(out)
 
 
+def waits_on(info: dict[str, Any]) -> list[tuple[str, int, list[int]]]:
+    """A stall trigger's stalled collectives, each with the ranks not entered in it."""
+    return [
+        (str(s["group"]), int(s["seq"]), [int(r) for r in s["not_entered_ranks"]])
+        for s in info.get("stalled") or []
+        if s.get("not_entered_ranks")
+    ]
+
+
 def step(w: Watch, *, registry: JobRegistry, store: IncidentStore, metrics: Metrics) -> bool:
     """One tick's look at one incident; True when it is done with (closed or failed)."""
     if w.outcome == IncidentStatus.FAILED:
         return True
     resolvable = w.resumed_at is None and w.trigger not in NOT_RESOLVABLE
-    if resolvable and registry.progressed_since(w.job_id, w.opened):
+    # Progress resumed, and the ranks the stall waited on entered what it
+    # waited in: a counter that moves as a job dies is not a recovery. Live:
+    # the culprit told to exit and its peer's all_reduce failing ("connection
+    # closed by peer"), which gloo counts as completed, read as "progress
+    # resumed" and resolved the hang a moment before the crash was reported.
+    if (
+        resolvable
+        and registry.progressed_since(w.job_id, w.opened)
+        and registry.entered(w.job_id, w.waits_on)
+    ):
         w.resumed_at = registry.last_progress(w.job_id) or registry.now()
     if w.outcome != IncidentStatus.ANALYZED:
         return False  # still collecting: the verdict is stored first

@@ -40,7 +40,13 @@ from hangwatch.server.incidents.finalize import (
     reanalyse_with_late,
     record_failure,
 )
-from hangwatch.server.incidents.lifecycle import Watch, late_hint, publish_states, step
+from hangwatch.server.incidents.lifecycle import (
+    Watch,
+    late_hint,
+    publish_states,
+    step,
+    waits_on,
+)
 from hangwatch.server.incidents.store import (
     IncidentRow,
     IncidentStatus,
@@ -417,6 +423,7 @@ class IncidentManager:
                 opened=now,
                 onset=inc.onset,
                 late_hint=late_hint(trigger.info),
+                waits_on=waits_on(trigger.info),
             )
             self._last.pop(job_id, None)
             self._last[job_id] = (row.id, now)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from hangwatch.server.live.commands import Command
@@ -519,6 +519,26 @@ class JobRegistry:
         with self._lock:
             job = self._jobs.get(job_id)
             return job is not None and job.last_progress > t
+
+    def entered(self, job_id: str, waits: Iterable[tuple[str, int, Sequence[int]]]) -> bool:
+        """Has each (group, seq, ranks) rank, observed and not exited, entered
+        collective seq of its group (as the stall scan numbers collectives)?"""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return False
+            for group, seq, ranks in waits:
+                for rank in ranks:
+                    r = job.ranks.get(rank)
+                    rg = r.groups.get(group) if r is not None else None
+                    if r is None or rg is None or not job.observed(r):
+                        return False
+                    if r.process_state in EXITED_PROCESS_STATES:
+                        return False
+                    enq = (rg.collectives() or (rg.last_enqueued, rg.last_completed))[0]
+                    if enq < seq:
+                        return False
+            return True
 
     def restarted_since(self, job_id: str, t: float) -> bool:
         """Did new processes take the job's ranks (a restart under the same id) after t?"""

@@ -88,6 +88,29 @@ def test_a_stall_that_completes_is_resolved_with_its_duration_and_late_ranks(env
 
 
 @pytest.mark.timeout(20)
+def test_counters_that_move_as_the_job_dies_are_not_a_recovery(env: Env) -> None:
+    """The job is stopped with the hang in place: rank 3, which never entered #5,
+    exits, and its peers' all_reduce fails, which gloo counts as completed. The
+    counters moved, but the rank the stall waited on never entered what it waited
+    in: no "transient stall". The incident ends with the job."""
+    first = _open_stall(env)
+    _answer_all(env, first)
+    env.clock.advance(2)
+    env.a.report({0: (5, 5), 1: (5, 5)})  # the failed collective, counted completed
+    env.b.report({2: (5, 5), 3: (4, 4)})
+    env.clock.advance(0.5)
+    env.manager.tick()
+    assert env.only_incident().status == "analyzed"
+    for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        for r in ranks:
+            _event(env, node, pb.EVENT_KIND_RANK_EXITED, r, "process gone")
+    env.manager.tick()
+    row = env.only_incident()
+    assert (row.status, row.transient) == ("ended", False), row.close_reason
+    assert row.close_reason == "the job stopped: every rank of the job exited"
+
+
+@pytest.mark.timeout(20)
 def test_a_restarted_agent_is_not_progress(env: Env) -> None:
     """The node's agent is killed and restarted mid-incident (a DaemonSet): it
     re-registers the same rank processes and reports the numbers they still
