@@ -116,9 +116,9 @@ class IncidentManager:
         # Notified whenever an incident leaves collection or an analysis ends.
         self._idle = threading.Condition(self._lock)
         self._collecting: dict[str, Collection] = {}
-        # job -> (last incident, coordinator time it opened): while the job has
-        # made no progress since, any new symptom belongs to that same hang.
-        self._last: dict[str, tuple[str, float]] = {}
+        # job -> (last incident, coordinator time it opened, what its stall
+        # waited on): until the job moved on since, a new symptom is that hang.
+        self._last: dict[str, tuple[str, float, list[tuple[str, int, list[int]]]]] = {}
         # Incidents opened in this run and not yet resolved, ended or failed
         # (incident_lifecycle): looked at on every tick.
         self._watch: dict[str, Watch] = {}
@@ -381,10 +381,17 @@ class IncidentManager:
             last = self._last.get(job_id)
             # Until the job moves on, a new symptom is the last incident's hang; a
             # restarted job (new processes, whose first numbers are a baseline
-            # and not progress) has moved on by definition.
+            # and not progress) has moved on by definition. Moving on means the
+            # ranks its stall waited on entered what it waited in: a hung job
+            # that is stopped fails its peers' collectives (gloo counts them
+            # completed), and their "connection closed by peer" crash is the
+            # same hang ending, not a new incident.
             if (
                 last is not None
-                and not self.registry.progressed_since(job_id, last[1])
+                and not (
+                    self.registry.progressed_since(job_id, last[1])
+                    and self.registry.entered(job_id, last[2])
+                )
                 and not self.registry.restarted_since(job_id, last[1])
             ):
                 self.registry.mark_handled(job_id, keys, last[0])
@@ -426,7 +433,7 @@ class IncidentManager:
                 waits_on=waits_on(trigger.info),
             )
             self._last.pop(job_id, None)
-            self._last[job_id] = (row.id, now)
+            self._last[job_id] = (row.id, now, waits_on(trigger.info))
             while len(self._last) > LAST_INCIDENTS:  # bounded under job churn: oldest first
                 del self._last[next(iter(self._last))]
             self.registry.set_open_incident(job_id, row.id)

@@ -92,7 +92,8 @@ def test_counters_that_move_as_the_job_dies_are_not_a_recovery(env: Env) -> None
     """The job is stopped with the hang in place: rank 3, which never entered #5,
     exits, and its peers' all_reduce fails, which gloo counts as completed. The
     counters moved, but the rank the stall waited on never entered what it waited
-    in: no "transient stall". The incident ends with the job."""
+    in: no "transient stall", and a peer's crash for the lost connection is the
+    same hang ending, not a new incident. The incident ends with the job."""
     first = _open_stall(env)
     _answer_all(env, first)
     env.clock.advance(2)
@@ -101,6 +102,9 @@ def test_counters_that_move_as_the_job_dies_are_not_a_recovery(env: Env) -> None
     env.clock.advance(0.5)
     env.manager.tick()
     assert env.only_incident().status == "analyzed"
+    crash = "process gone; uncaught exception: RuntimeError: Connection closed by peer"
+    assert _event(env, "a", pb.EVENT_KIND_RANK_CRASHED, 0, crash) == first
+    assert [r.id for r in env.store.list_incidents()] == [first]
     for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
         for r in ranks:
             _event(env, node, pb.EVENT_KIND_RANK_EXITED, r, "process gone")
