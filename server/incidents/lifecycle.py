@@ -1,8 +1,9 @@
 """After the verdict: does an incident resolve by itself, or end with its job?
 
     collecting -> analyzed -> resolved   the job's progress resumed after the
-                                         incident opened (the stalled
-                                         collective completed): a transient stall
+                                         incident opened, the ranks its stall
+                                         waited on having entered the stalled
+                                         collective: a transient stall
                           -> ended       the job stopped (every rank exited, or
                                          every agent is gone) with it unresolved
     collecting -> failed                 finalizing raised (unchanged)
