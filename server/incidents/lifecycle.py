@@ -50,7 +50,7 @@ class Watch:
     onset: float  # coordinator monotonic: the stall's best-estimated start
     late_hint: list[int] = field(default_factory=list)  # trigger's not-entered ranks
     # (group, seq, not-entered ranks) of each stalled collective the trigger saw:
-    # resolved only once those ranks entered it (registry.entered).
+    # resolved only once those ranks entered it (registry.moved_past).
     waits_on: list[tuple[str, int, list[int]]] = field(default_factory=list)
     resumed_at: float | None = None  # coordinator monotonic: progress seen after opening
     outcome: IncidentStatus | None = None  # None while collecting; then analyzed or failed
@@ -106,16 +106,7 @@ def step(w: Watch, *, registry: JobRegistry, store: IncidentStore, metrics: Metr
     if w.outcome == IncidentStatus.FAILED:
         return True
     resolvable = w.resumed_at is None and w.trigger not in NOT_RESOLVABLE
-    # Progress resumed, and the ranks the stall waited on entered what it
-    # waited in: a counter that moves as a job dies is not a recovery. Live:
-    # the culprit told to exit and its peer's all_reduce failing ("connection
-    # closed by peer"), which gloo counts as completed, read as "progress
-    # resumed" and resolved the hang a moment before the crash was reported.
-    if (
-        resolvable
-        and registry.progressed_since(w.job_id, w.opened)
-        and registry.entered(w.job_id, w.waits_on)
-    ):
+    if resolvable and registry.moved_past(w.job_id, w.opened, w.waits_on):
         w.resumed_at = registry.last_progress(w.job_id) or registry.now()
     if w.outcome != IncidentStatus.ANALYZED:
         return False  # still collecting: the verdict is stored first

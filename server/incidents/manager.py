@@ -379,19 +379,14 @@ class IncidentManager:
                 if prior is not None:
                     return prior
             last = self._last.get(job_id)
-            # Until the job moves on, a new symptom is the last incident's hang; a
-            # restarted job (new processes, whose first numbers are a baseline
-            # and not progress) has moved on by definition. Moving on means the
-            # ranks its stall waited on entered what it waited in: a hung job
-            # that is stopped fails its peers' collectives (gloo counts them
-            # completed), and their "connection closed by peer" crash is the
-            # same hang ending, not a new incident.
+            # Until the job moves on (registry.moved_past), a new symptom is the
+            # last incident's hang: the crash of a stopped hung job's survivors
+            # ("connection closed by peer") included. A restarted job (new
+            # processes, whose first numbers are a baseline and not progress)
+            # has moved on by definition.
             if (
                 last is not None
-                and not (
-                    self.registry.progressed_since(job_id, last[1])
-                    and self.registry.entered(job_id, last[2])
-                )
+                and not self.registry.moved_past(job_id, last[1], last[2])
                 and not self.registry.restarted_since(job_id, last[1])
             ):
                 self.registry.mark_handled(job_id, keys, last[0])
@@ -423,6 +418,7 @@ class IncidentManager:
                 ),
             )
             self._collecting[row.id] = inc
+            waits = waits_on(trigger.info)
             self._watch[row.id] = Watch(
                 incident_id=row.id,
                 job_id=job_id,
@@ -430,10 +426,10 @@ class IncidentManager:
                 opened=now,
                 onset=inc.onset,
                 late_hint=late_hint(trigger.info),
-                waits_on=waits_on(trigger.info),
+                waits_on=waits,
             )
             self._last.pop(job_id, None)
-            self._last[job_id] = (row.id, now, waits_on(trigger.info))
+            self._last[job_id] = (row.id, now, waits)
             while len(self._last) > LAST_INCIDENTS:  # bounded under job churn: oldest first
                 del self._last[next(iter(self._last))]
             self.registry.set_open_incident(job_id, row.id)
@@ -521,12 +517,13 @@ class IncidentManager:
         """The incident leaves collection: analysed (`report`) or failed."""
         self._full_noted.discard(inc.incident_id)
         opened: float | None = None
+        waits: list[tuple[str, int, list[int]]] = []
         with self._idle:
             self._collecting.pop(inc.incident_id, None)
             w = self._watch.get(inc.incident_id)
             if w is not None:
                 w.outcome = IncidentStatus.ANALYZED if report is not None else IncidentStatus.FAILED
-                opened = w.opened
+                opened, waits = w.opened, w.waits_on
             self._idle.notify_all()
         for agent_id in inc.asked:
             self.registry.retire_command(inc.job_id, agent_id, inc.incident_id)
@@ -535,7 +532,7 @@ class IncidentManager:
         # Whatever the job is stuck on now was covered by this incident,
         # unless the job moved on since it opened: then the stall cleared
         # and what it waits on now is a later one of its own.
-        moved = opened is not None and self.registry.progressed_since(inc.job_id, opened)
+        moved = opened is not None and self.registry.moved_past(inc.job_id, opened, waits)
         if key is not None and not moved:
             self.registry.mark_handled(inc.job_id, [key], inc.incident_id)
         if report is not None and inc.tail_context:

@@ -46,6 +46,11 @@ class RankGroupRecord:
             return None
         return self.coll_enqueued, self.coll_completed
 
+    def counts(self) -> tuple[int, int]:
+        """(enqueued, completed) as the stall scan compares them: in collective
+        numbering where known, else pg_status's own."""
+        return self.collectives() or (self.last_enqueued, self.last_completed)
+
 
 @dataclass(slots=True)
 class CpuWindow:

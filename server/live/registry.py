@@ -520,12 +520,20 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             return job is not None and job.last_progress > t
 
-    def entered(self, job_id: str, waits: Iterable[tuple[str, int, Sequence[int]]]) -> bool:
-        """Has each (group, seq, ranks) rank, observed and not exited, entered
-        collective seq of its group (as the stall scan numbers collectives)?"""
+    def moved_past(
+        self, job_id: str, since: float, waits: Iterable[tuple[str, int, Sequence[int]]]
+    ) -> bool:
+        """Has the job moved on past an incident opened at coordinator time
+        `since`: a rank completed a collective after it, and every rank its
+        stall waited on (`waits`: group, seq, ranks) is observed, alive and has
+        entered collective seq of its group? Counters that move as a job dies
+        are no recovery: a stopped job's survivors fail the collective they
+        waited in, gloo counts it completed, and the lost connection crashes
+        them (live, that resolved a hang a moment before the crash opened a
+        second incident)."""
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is None:
+            if job is None or job.last_progress <= since:
                 return False
             for group, seq, ranks in waits:
                 for rank in ranks:
@@ -533,10 +541,7 @@ class JobRegistry:
                     rg = r.groups.get(group) if r is not None else None
                     if r is None or rg is None or not job.observed(r):
                         return False
-                    if r.process_state in EXITED_PROCESS_STATES:
-                        return False
-                    enq = (rg.collectives() or (rg.last_enqueued, rg.last_completed))[0]
-                    if enq < seq:
+                    if r.process_state in EXITED_PROCESS_STATES or rg.counts()[0] < seq:
                         return False
             return True
 
@@ -706,7 +711,7 @@ def _apply_cell(
     rg.reported = True
     # A p2p op in flight is not a collective in flight; where the numbering
     # is unknown, the agent's in-flight seq is in pg_status's, like these.
-    enq, comp = rg.collectives() or (enqueued, completed)
+    enq, comp = rg.counts()
     was, since = rg.in_flight_seq, rg.in_flight_since
     if in_flight is not None and (completion_unknown or enq > comp):
         # Where completion is unknown the agent names the op of the newest

@@ -77,7 +77,7 @@ def scan_stalls(
         assumed = assumed_completed(members, job.observed)
         progress: dict[int, MemberProgress] = {}
         for r, rg in members:
-            enq, comp = rg.collectives() or (rg.last_enqueued, rg.last_completed)
+            enq, comp = rg.counts()
             # Collectives are numbered from 1 and -1 means none: a rank in the
             # group's first one waits in #1, not "#0".
             comp = max(comp, 0)
