@@ -21,7 +21,7 @@ from typing import Any
 
 from hangwatch.agent import endpoint
 from hangwatch.agent.numbering import Numbering, raw_key
-from hangwatch.agent.procstate import RunqueueWait, process_sample
+from hangwatch.agent.procstate import CpuTotal, RunqueueWait, process_sample
 
 from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
@@ -114,7 +114,8 @@ class RankTracker:
     retired_seq: dict[str, int] = field(default_factory=dict)
     # Wall clock (ns) of the last status read: the instant the straggler signal compares.
     status_wall_ns: int = 0
-    cpu_time_ns: int = 0  # the process's CPU time at the last poll (0 = unknown)
+    cpu_time_ns: int = 0  # the process tree's CPU time at the last poll, only growing (0 = unknown)
+    cpu: CpuTotal = field(default_factory=CpuTotal)
     runqueue: RunqueueWait = field(default_factory=RunqueueWait)
     # Where the hook leaves its numbers as the rank exits (hook_protocol.final_status_path;
     # "" = not looked for), and whether they were applied.
@@ -437,7 +438,8 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     out = PollResult()
     read_final_status(t, now)
     waits: dict[int, int] = {}
-    state, t.cpu_time_ns = process_sample(t.pid, t.info.proc_starttime, waits)
+    state, cpu_ns = process_sample(t.pid, t.info.proc_starttime, waits)
+    t.cpu_time_ns = t.cpu.update(cpu_ns)
     t.runqueue.update(waits)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):
         t.state = state

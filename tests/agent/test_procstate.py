@@ -10,7 +10,7 @@ import time
 
 import pytest
 from hangwatch.agent.delta import signature
-from hangwatch.agent.procstate import RunqueueWait, process_sample
+from hangwatch.agent.procstate import CpuTotal, RunqueueWait, process_sample
 
 from hangwatch.wire import pb
 
@@ -140,3 +140,51 @@ def test_runqueue_wait_only_grows_as_processes_come_and_go() -> None:
     # the total keeps what it had, and a new worker 12 starts from its own baseline.
     assert w.update({10: 9, 12: 40}) == 64
     assert w.update({10: 9, 12: 70}) == 94
+
+
+# A rank whose child's CPU time leaves the process tree unseen: with SIGCHLD
+# ignored the kernel reaps the child itself and adds its time to nobody's
+# cutime (the same fall a reap between two /proc reads makes, deterministic).
+AUTO_REAPED_CHILD = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+    "time.sleep(30)\n"
+)
+SPIN_1S = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.0: pass\n"
+
+
+@pytest.mark.timeout(30)
+def test_cpu_time_only_grows_when_a_childs_time_leaves_the_tree() -> None:
+    p = subprocess.Popen([sys.executable, "-c", AUTO_REAPED_CHILD, SPIN_1S], start_new_session=True)
+    total = CpuTotal()
+    samples: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        # Sample while the child spins, then until it is gone from the tree.
+        while time.monotonic() < deadline:
+            _, ns = process_sample(p.pid)
+            samples.append(ns)
+            total.update(ns)
+            if len(samples) > 5 and ns < max(samples) - 300_000_000:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the child's time never left the tree: {samples}")
+        # The raw sum fell by most of the child's second; the total did not.
+        assert total.total_ns >= max(samples), (total.total_ns, samples)
+        _, ns = process_sample(p.pid)
+        assert total.update(ns) >= max(samples)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_cpu_total_adds_increases_and_ignores_falls() -> None:
+    c = CpuTotal()
+    assert c.update(0) == 0  # unknown until the first readable sample
+    assert c.update(1_000) == 1_000
+    assert c.update(1_500) == 1_500
+    assert c.update(900) == 1_500  # a child's 600 left the tree unseen
+    assert c.update(1_200) == 1_800  # growth from the new, lower sum counts
+    assert c.update(0) == 1_800  # unreadable this poll: the total stays
