@@ -52,6 +52,16 @@ from tests.support.simagents import (
 )
 
 
+def _py_spy(py_spy: str, pid: int, out: str) -> subprocess.Popen[bytes]:
+    """A py-spy recording of `pid` (raw collapsed stacks, 50 Hz) until SIGINT."""
+    cmd = [py_spy, "record", "--pid", str(pid), "--rate", "50", "--format", "raw"]
+    return subprocess.Popen(
+        [*cmd, "--output", out, "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _sys_s(pid: int) -> float:
     """Kernel CPU seconds of a process (stime): syscalls, filesystem, syncs."""
     with open(f"/proc/{pid}/stat") as f:
@@ -144,29 +154,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
         time.sleep(args.healthy_s)
         t_h = time.time()
+        healthy_prof = (
+            _py_spy(args.py_spy, pid, args.profile_healthy) if args.profile_healthy else None
+        )
         time.sleep(args.healthy_s)
+        if healthy_prof is not None:
+            healthy_prof.send_signal(signal.SIGINT)
+            healthy_prof.wait(60)
         healthy = sampler.window(t_h, time.time())
         out["healthy_cpu_cores"] = round(healthy["cores"], 3)
         out["coordinator_rss_healthy_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
 
         if args.profile:
-            profiler = subprocess.Popen(
-                [
-                    args.py_spy,
-                    "record",
-                    "--pid",
-                    str(pid),
-                    "--rate",
-                    "50",
-                    "--format",
-                    "raw",
-                    "--output",
-                    args.profile,
-                    "--nonblocking",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            profiler = _py_spy(args.py_spy, pid, args.profile)
         hang = fleet.stall(lagging)
         t_stall = fleet.stall_time()
         budget = args.stall_timeout + args.dump_deadline + args.analyze_budget_s
@@ -361,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--analyze-budget-s", type=float, default=900.0)
     p.add_argument("--keep", help="data dir to use and keep (default: a temp dir)")
     p.add_argument("--profile", help="py-spy raw (collapsed) profile of the incident window")
+    p.add_argument("--profile-healthy", help="py-spy raw profile of the healthy window")
     p.add_argument("--py-spy", default="py-spy")
     args = p.parse_args(argv)
     if args.dump_deadline is None:

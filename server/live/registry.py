@@ -593,6 +593,12 @@ class JobRegistry:
             job = self._jobs.get(job_id)
             return job.handled.get(key) if job else None
 
+    def world_size(self, job_id: str) -> int | None:
+        """The job's world size as its ranks registered it; None when unknown."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job.world_size or None if job is not None else None
+
     def expected_ranks(self, job_id: str) -> list[int]:
         with self._lock:
             job = self._jobs.get(job_id)
