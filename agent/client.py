@@ -189,6 +189,9 @@ class CoordinatorClient:
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
         self._groups: dict[str, int] = {}
+        # Phase one goes up as one archive per node where the coordinator
+        # stores them (RegisterResponse.node_archives).
+        self.node_archives = False
 
     # --- session ----------------------------------------------------------
 
@@ -232,6 +235,7 @@ class CoordinatorClient:
             self.heartbeat_hint = resp.heartbeat_s
             self._use_stream = resp.progress_stream
             self._use_columns = resp.progress_columns
+            self.node_archives = resp.node_archives
             self._groups = progress_columns.group_table(ranks)
             self._registered.set()
         self._end_stream()  # its session is over
@@ -329,14 +333,17 @@ class CoordinatorClient:
     def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:
         return self.stub.UploadBundle(chunks, timeout=UPLOAD_DEADLINE_S, metadata=self.metadata)
 
-    def upload_files(self, chunks: Iterator[pb.BundleChunks]) -> pb.UploadFilesAck:
-        # gzip: a phase-one stream is mostly JSON and member lists, which
-        # shrink several-fold; the coordinator's gRPC core inflates them.
+    def upload_files(
+        self, chunks: Iterator[pb.BundleChunks], *, compressed: bool = False
+    ) -> pb.UploadFilesAck:
+        # gzip: a phase-one stream of plain files is mostly JSON and member
+        # lists, which shrink several-fold; the coordinator's gRPC core
+        # inflates them. Not for a node archive (`compressed`): already deflated.
         return self.stub.UploadFiles(
             chunks,
             timeout=UPLOAD_DEADLINE_S,
             metadata=self.metadata,
-            compression=grpc.Compression.Gzip,
+            compression=None if compressed else grpc.Compression.Gzip,
         )
 
     def complete_dump(self, result: pb.DumpResult) -> bool:

@@ -572,7 +572,10 @@ class Agent:
         if not todo:
             return
         try:
-            uploader.upload_files(self.client, todo, incident_id=p.incident_id)
+            if self.client.node_archives:
+                uploader.upload_node_archive(self.client, todo, incident_id=p.incident_id)
+            else:
+                uploader.upload_files(self.client, todo, incident_id=p.incident_id)
         except RuntimeError as e:
             log.warning("incident %s: %s; uploading file by file", p.incident_id, e)
             return

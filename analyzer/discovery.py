@@ -17,6 +17,7 @@ from pathlib import Path
 from hangwatch.analyzer.report import FileError
 
 from hangwatch import formats
+from hangwatch.formats import nodearchive
 
 RANK_RE = re.compile(r"^(?P<stem>.*?)(?P<rank>\d+)(?:\.(?:json|pkl|pickle|bin|dump))?$")
 SKIP_NAMES = frozenset({formats.META_FILE, formats.INCIDENT_FILE, formats.STACKS_FILE})
@@ -77,12 +78,17 @@ class Candidate:
     rank: int
     size: int
     mtime: float
+    # A file inside a node archive at `path` (formats.nodearchive); rel then
+    # reads "nodes/node_8.zip!rank_9/fr_tail_rank_9".
+    member: nodearchive.Member | None = None
 
 
 @dataclass(kw_only=True)
 class Found:
     dumps: list[Candidate] = field(default_factory=list)
-    metas: list[Path] = field(default_factory=list)  # bundle meta.json files
+    # Bundle meta.json files, in rank directories or node archives.
+    metas: list[Path | nodearchive.Member] = field(default_factory=list)
+    stacks: dict[int, nodearchive.Member] = field(default_factory=dict)  # archived stacks.txt
     incidents: list[Path] = field(default_factory=list)  # incident.json files
     errors: list[FileError] = field(default_factory=list)
 
@@ -106,6 +112,9 @@ def discover(root: Path, prefix: str | None) -> Found:
             if name == formats.META_FILE:
                 found.metas.append(p)
                 continue
+            if nodearchive.is_archive_name(name) and Path(dirpath).name == nodearchive.NODES_DIR:
+                _add_archive(found, p, rel, prefix)
+                continue
             if name == formats.INCIDENT_FILE:
                 found.incidents.append(p)
                 continue
@@ -127,3 +136,39 @@ def discover(root: Path, prefix: str | None) -> Found:
                 Candidate(str(p), rel, int(m.group("rank")), st.st_size, st.st_mtime)
             )
     return found
+
+
+def _add_archive(found: Found, path: Path, rel: str, prefix: str | None) -> None:
+    """A node archive's members, as if each were its file in the bundle."""
+    try:
+        members = nodearchive.list_members(path)
+        mtime = path.stat().st_mtime
+    except nodearchive.ArchiveError as e:
+        found.errors.append(FileError(file=rel, error=str(e)))
+        return
+    except OSError as e:
+        found.errors.append(FileError(file=rel, error=f"cannot stat: {e.strerror}"))
+        return
+    for m in members:
+        if m.name == formats.META_FILE:
+            found.metas.append(m)
+            continue
+        if m.name == formats.STACKS_FILE:
+            found.stacks[m.rank] = m
+            continue
+        if m.name in SKIP_NAMES or m.name.startswith("."):
+            continue
+        if prefix is not None and not m.name.startswith(prefix):
+            continue
+        match = RANK_RE.match(m.name)
+        if match:
+            found.dumps.append(
+                Candidate(
+                    str(path),
+                    f"{rel}!{m.member}",
+                    int(match.group("rank")),
+                    m.size,
+                    mtime,
+                    member=m,
+                )
+            )

@@ -144,7 +144,7 @@ def load_dumps(
     selected = parse_ranks(selected_ranks) if selected_ranks is not None else None
     found = discover(root, prefix)
     base = root.parent if root.is_file() else root
-    rank_meta, meta_errors = read_rank_meta(found.metas, base, selected)
+    rank_meta, meta_errors = read_rank_meta(found.metas, base, selected, found.stacks)
     incident, incident_errors = read_incident(found.incidents, base)
     errors = [*found.errors, *meta_errors, *incident_errors]
 

@@ -33,6 +33,8 @@ from hangwatch.analyzer.report import FileError
 from hangwatch.analyzer.sniff import DumpFormatError, sniff_and_decode
 from hangwatch.analyzer.text import one_line
 
+from hangwatch.formats import nodearchive
+
 MAX_FILE_BYTES = 2 * 1024**3
 # Below this much input a process pool costs more than it saves.
 PARALLEL_MIN_BYTES = 24 * 1024**2
@@ -52,6 +54,12 @@ ProgressCallback = Callable[[int, int], None]  # (files read, files in all)
 def read_one(cand: Candidate, max_bytes: int, max_entries: int) -> Result:
     if cand.size > max_bytes:
         return cand, None, f"file is {cand.size} bytes, over the {max_bytes}-byte limit"
+    if cand.member is not None:
+        try:
+            data = nodearchive.read(cand.member, max_bytes)
+        except nodearchive.ArchiveError as e:
+            return cand, None, str(e)
+        return _decode(cand, data, max_entries)
     try:
         with open(cand.path, "rb") as f:
             # read(n) allocates n bytes up front: ask for what stat saw (+1
@@ -63,6 +71,10 @@ def read_one(cand: Candidate, max_bytes: int, max_entries: int) -> Result:
         return cand, None, f"cannot read: {e.strerror or e}"
     if len(data) > max_bytes:
         return cand, None, f"file grew past the {max_bytes}-byte limit"
+    return _decode(cand, data, max_entries)
+
+
+def _decode(cand: Candidate, data: bytes, max_entries: int) -> Result:
     try:
         return cand, decode_dump(sniff_and_decode(data), max_entries=max_entries), None
     except DumpFormatError as e:

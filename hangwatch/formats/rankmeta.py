@@ -28,6 +28,10 @@ PEER_STACKS_KEY = "peer_stacks"
 # A 4,096-member non-strided group in every one of hundreds of groups is
 # still far below this; a file above it is not ours.
 MAX_RANKMETA_BYTES = 16 * 1024**2
+# sources["process"] of a meta.json the coordinator wrote for a rank nobody
+# dumped: a stand-in, which the rank's own meta.json replaces if it arrives
+# after all (an agent back from a partition).
+STAND_IN_SOURCE = "coordinator"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,12 @@ class RankMeta:
     stacks: str | None = None
     # Coordinator-written only: seconds since the rank's agent last reported it.
     last_report_age_s: float | None = None
+
+    @property
+    def stand_in(self) -> bool:
+        """Written by the coordinator for a rank nobody dumped (STAND_IN_SOURCE)."""
+        return self.reachable is False and self.sources.get("process") == STAND_IN_SOURCE
+
     # Uncaught exceptions the hook saw in the rank's threads, oldest first:
     # "thread <name>: <type>: <message>" (agent-written; absent: none seen).
     exceptions: tuple[str, ...] = ()

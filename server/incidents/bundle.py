@@ -15,15 +15,10 @@ from pathlib import Path
 from hangwatch.server.incidents.collection import Collection
 
 from hangwatch import formats
-from hangwatch.formats import IncidentDoc, RankMeta
+from hangwatch.formats import IncidentDoc, RankMeta, nodearchive
+from hangwatch.formats.rankmeta import STAND_IN_SOURCE
 
 KnownMeta = Callable[[str, int], RankMeta | None]  # (job, rank) -> what is known
-
-# sources["process"] of a meta.json the coordinator wrote for a rank nobody
-# dumped: a stand-in, which the rank's own meta.json replaces if it arrives
-# after all (an agent back from a partition), rather than being acked as a
-# duplicate of it.
-STAND_IN_SOURCE = "coordinator"
 
 
 def write_incident_json(
@@ -74,17 +69,20 @@ def is_stand_in(path: str | Path) -> bool:
         meta = RankMeta.from_bytes(Path(path).read_bytes())
     except (OSError, ValueError):
         return False
-    return meta.reachable is False and meta.sources.get("process") == STAND_IN_SOURCE
+    return meta.stand_in
 
 
 def write_unreachable_meta(
     inc: Collection, bundle: Path, unreachable: dict[int, str], known_meta: KnownMeta
 ) -> None:
     """For ranks nobody dumped, record what registration knew (host, pid,
-    group memberships) so the analyzer can still place them in groups."""
+    group memberships) so the analyzer can still place them in groups. Not
+    for a rank whose own meta.json is in place, in its directory or in a
+    node archive."""
+    archived, _ = nodearchive.index(bundle) if unreachable else ({}, [])
     for r, why in unreachable.items():
         meta_path = bundle / f"rank_{r}" / formats.META_FILE
-        if meta_path.exists():
+        if (r, formats.META_FILE) in archived or meta_path.exists():
             continue
         meta = (known_meta(inc.job_id, r) or RankMeta(rank=r, process_state="unknown")).replace(
             reachable=False,

@@ -8,6 +8,7 @@ touches it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -17,7 +18,7 @@ from hangwatch.server.incidents.store import IncidentRow
 from hangwatch.server.live.commands import Command
 
 from hangwatch import formats
-from hangwatch.formats import MissingReason
+from hangwatch.formats import MissingReason, nodearchive
 from hangwatch.wire import pb
 
 # Reasons that mean "nobody could look at this rank", as opposed to a rank
@@ -28,12 +29,20 @@ NO_ANSWER: Final = MissingReason.NO_ANSWER
 RESTARTED: Final = MissingReason.RESTARTED
 
 
-def fr_stored(bundle: Path, rank: int) -> bool:
-    """The rank's FR file, full or tail, is in place (uploads are renamed in only when whole)."""
-    d = bundle / f"rank_{rank}"
-    return (d / f"{formats.FR_FILE_PREFIX}{rank}").is_file() or (
-        d / f"{formats.FR_TAIL_PREFIX}{rank}"
-    ).is_file()
+def fr_stored(bundle: Path, ranks: Iterable[int]) -> set[int]:
+    """Those of `ranks` whose FR file, full or tail, is in place: in the rank's
+    directory, or in a node archive (each stored only when whole)."""
+    ranks = list(ranks)
+    if not ranks:
+        return set()
+    archived, _ = nodearchive.index(bundle)
+    out: set[int] = set()
+    for r in ranks:
+        names = (f"{formats.FR_FILE_PREFIX}{r}", f"{formats.FR_TAIL_PREFIX}{r}")
+        d = bundle / f"rank_{r}"
+        if any((r, n) in archived or (d / n).is_file() for n in names):
+            out.add(r)
+    return out
 
 
 def tail_context_for(expected: int, full_dump_max_ranks: int, tail_context: int) -> int:
@@ -76,7 +85,7 @@ class Collection:
         disk; the rest is asked for again as the agents re-register (each kept
         its bundle under its run directory), for `wait_s`: one lost-agent
         timeout for them to notice the restart, one dump deadline to answer."""
-        have = {r for r in row.ranks_expected if fr_stored(bundle, r)}
+        have = fr_stored(bundle, row.ranks_expected)
         return cls(
             incident_id=row.id,
             job_id=row.job_id,

@@ -225,7 +225,7 @@ class IncidentManager:
             if row is None:
                 return
             bundle = self.store.incident_dir(incident_id)
-            arrived = {r for r in late if fr_stored(bundle, r)}
+            arrived = fr_stored(bundle, late)
             if not arrived:
                 log.warning(
                     "incident %s: ranks %s reported dumped after the verdict, but no FR file "
@@ -557,7 +557,7 @@ class IncidentManager:
             pending = inc.pending()
         # File checks outside the lock: thousands of stats must not hold up
         # the gRPC handlers.
-        stored = {r for r in pending if fr_stored(bundle, r)}
+        stored = fr_stored(bundle, pending)
         with self._lock:
             dumped, unreachable = inc.settle(stored, self.dump_deadline)
         if inc.asked and not inc.recovering:  # a recovered one began in an earlier run

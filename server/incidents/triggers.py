@@ -8,7 +8,10 @@ the part of that dedupe that survives a coordinator restart.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from hangwatch.server.incidents.store import IncidentStore
@@ -17,7 +20,7 @@ from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.views import StalledGroup
 
 from hangwatch import formats
-from hangwatch.formats import IncidentDoc, RankMeta, StallKind, TriggerKind
+from hangwatch.formats import IncidentDoc, RankMeta, StallKind, TriggerKind, nodearchive
 from hangwatch.rankspec import format_ranks
 from hangwatch.wire import event_kind_name, pb
 
@@ -245,12 +248,29 @@ def _same_processes(
     job restarted under the same id reaches the same seqs again, and that
     is a new hang, not the old one."""
     bundle = store.incident_dir(incident_id)
-    for meta_path in sorted(bundle.glob(f"rank_*/{formats.META_FILE}"))[:8]:
+    for data in itertools.islice(_some_metas(bundle), 8):
         try:
-            meta = RankMeta.from_bytes(meta_path.read_bytes())
-        except (OSError, formats.FormatError):
+            meta = RankMeta.from_bytes(data)
+        except formats.FormatError:
             continue
         live = registry.rank_meta(job_id, meta.rank)
         if meta.pid is not None and live is not None and live.pid is not None:
             return live.pid == meta.pid
     return False
+
+
+def _some_metas(bundle: Path) -> Iterator[bytes]:
+    """meta.json files of a bundle, from the rank directories, then from the
+    node archives (a large incident's phase one stores them there)."""
+    for meta_path in sorted(bundle.glob(f"rank_*/{formats.META_FILE}")):
+        try:
+            yield meta_path.read_bytes()
+        except OSError:
+            continue
+    for path in nodearchive.archives(bundle):
+        try:
+            for m in nodearchive.list_members(path):
+                if m.name == formats.META_FILE:
+                    yield nodearchive.read(m, formats.MAX_RANKMETA_BYTES)
+        except nodearchive.ArchiveError:
+            continue

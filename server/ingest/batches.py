@@ -35,6 +35,7 @@ from hangwatch.server.ingest.uploads import (
 )
 from hangwatch.server.ingest.validate import Invalid
 
+from hangwatch.formats import nodearchive
 from hangwatch.wire import pb
 
 # A stream is for small files: an agent's phase-one tails, metas and stacks
@@ -55,6 +56,9 @@ class PendingFile:
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
     sha256: str = ""
+    # A node archive (BundleChunk.node_archive), its members to be of these
+    # ranks (empty: the incident's ranks are not known); None: a rank's file.
+    archive_of: frozenset[int] | None = None
 
 
 class HeldBytes:
@@ -91,7 +95,7 @@ class FileBatch:
         self._max_file = max_file_bytes
         self._max_stream = max_stream_bytes
 
-    def start(self, first: pb.BundleChunk) -> PendingFile:
+    def start(self, first: pb.BundleChunk, ranks: frozenset[int] = frozenset()) -> PendingFile:
         """The first chunk of a new file; the caller has checked its incident and rank."""
         if self.current is not None:
             raise Invalid(f"{self.current.key.file_name}: next file began before its last chunk")
@@ -107,7 +111,9 @@ class FileBatch:
             rank=first.rank,
             file_name=validate.file_name(first.file_name),
         )
-        self.current = PendingFile(key=key, total_size=total)
+        self.current = PendingFile(
+            key=key, total_size=total, archive_of=ranks if first.node_archive else None
+        )
         return self.current
 
     def add(self, chunk: pb.BundleChunk) -> None:
@@ -176,6 +182,12 @@ def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Writ
     suffix = f".{os.getpid()}.{next(_batch_ids)}.part"
     try:
         for f in files:
+            if f.archive_of is not None:
+                w = _write_archive(incident_dir, f, suffix)
+                duplicate.append(w is None)
+                if w is not None:
+                    written.append(w)
+                continue
             rank_dir = os.path.join(incident_dir, f"rank_{f.key.rank}")
             final = os.path.join(rank_dir, f.key.file_name)
             n = counted.get(rank_dir)
@@ -193,33 +205,61 @@ def write_parts(incident_dir: Path, files: list[PendingFile]) -> tuple[list[Writ
                 counted[rank_dir] = n
                 continue
             duplicate.append(False)
-            h = hashlib.sha256()
-            for p in f.parts:
-                h.update(p)
-            got = h.hexdigest()
-            if got != f.sha256:
-                raise IntegrityError(
-                    f"{f.key.file_name} of rank {f.key.rank}: sha256 mismatch: received data "
-                    f"hashes to {got}, sender says {f.sha256}"
-                )
+            _check_digest(f)
             counted[rank_dir] = n + 1
             if n + 1 > MAX_FILES_PER_RANK:
                 raise TooLarge(f"rank_{f.key.rank} would hold more than {MAX_FILES_PER_RANK} files")
-            # Unique per stream: two streams replaying one file never share it.
-            part = final + suffix
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            written.append(Written(part, final))
-            try:
-                for p in f.parts:
-                    view = memoryview(p)
-                    while view:
-                        view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
+            written.append(_write_part(f, final, suffix))
     except BaseException:
         discard(written)
         raise
     return written, duplicate
+
+
+def _check_digest(f: PendingFile) -> None:
+    h = hashlib.sha256()
+    for p in f.parts:
+        h.update(p)
+    got = h.hexdigest()
+    if got != f.sha256:
+        raise IntegrityError(
+            f"{f.key.file_name} of rank {f.key.rank}: sha256 mismatch: received data "
+            f"hashes to {got}, sender says {f.sha256}"
+        )
+
+
+def _write_part(f: PendingFile, final: str, suffix: str) -> Written:
+    # Unique per stream: two streams replaying one file never share it.
+    part = final + suffix
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    w = Written(part, final)
+    try:
+        for p in f.parts:
+            view = memoryview(p)
+            while view:
+                view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        discard([w])
+        raise
+    os.close(fd)
+    return w
+
+
+def _write_archive(incident_dir: Path, f: PendingFile, suffix: str) -> Written | None:
+    """A node archive, checked whole (digest, then its members' names, ranks
+    and declared sizes) before it is written; None: already stored (a replay)."""
+    nodes = os.path.join(incident_dir, nodearchive.NODES_DIR)
+    final = os.path.join(nodes, f.key.file_name)
+    if os.path.isfile(final):
+        return None
+    _check_digest(f)
+    try:
+        nodearchive.check(b"".join(f.parts), f.archive_of or None)
+    except nodearchive.ArchiveError as e:
+        raise Invalid(f"{f.key.file_name}: {e}") from None
+    os.makedirs(nodes, exist_ok=True)
+    return _write_part(f, final, suffix)
 
 
 def rename_in(written: list[Written]) -> None:

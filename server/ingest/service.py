@@ -38,6 +38,7 @@ from hangwatch.server.live.registry import JobRegistry, StaleSession
 from hangwatch.server.live.stragglers import StragglerMonitor
 
 from hangwatch import __version__, progress_columns
+from hangwatch.formats import nodearchive
 from hangwatch.wire import pb, rpc
 
 log = logging.getLogger(__name__)
@@ -219,6 +220,7 @@ class CoordinatorService(rpc.CoordinatorServicer):
             heartbeat_s=self.registry.agent_lost_timeout / 3,
             progress_stream=True,
             progress_columns=True,
+            node_archives=True,
         )
 
     async def _apply_known(
@@ -423,11 +425,11 @@ class CoordinatorService(rpc.CoordinatorServicer):
             async for msg in request_iterator:
                 for chunk in msg.chunks:
                     if batch.current is None:
-                        await self._check_upload(chunk)
+                        ranks = await self._check_upload(chunk)
                         if incident_id and chunk.incident_id != incident_id:
                             raise Invalid("one UploadFiles stream carries one incident's files")
                         incident_id = chunk.incident_id
-                        batch.start(chunk)
+                        batch.start(chunk, ranks)
                     batch.add(chunk)
             if batch.current is not None:
                 raise Invalid(f"stream ended inside {batch.current.key.file_name}")
@@ -482,19 +484,28 @@ class CoordinatorService(rpc.CoordinatorServicer):
             for f, d in zip(batch.files, duplicate, strict=True)
         ]
 
-    async def _check_upload(self, first: pb.BundleChunk) -> None:
-        """The first chunk of a file names a job, agent, incident and rank that fit."""
+    async def _check_upload(self, first: pb.BundleChunk) -> frozenset[int]:
+        """The first chunk of a file names a job, agent, incident and rank that
+        fit; returns the incident's ranks (empty: not known)."""
         validate.sender(first)
         validate.incident_id(first.incident_id)
         validate.file_name(first.file_name)
         validate.rank(first.rank)
+        if first.node_archive and first.file_name != nodearchive.archive_name(first.rank):
+            raise Invalid(
+                f"a node archive is named {nodearchive.archive_name(first.rank)!r} "
+                f"after its lowest rank, not {first.file_name!r}"
+            )
         key = await self._incident_key(first.incident_id)
         if key is None or key[0] != first.job_id:
             raise _NotFound(f"no incident {first.incident_id!r} for job {first.job_id!r}")
         if key[1] and first.rank not in key[1]:
             raise Invalid(f"rank {first.rank} is not among incident {first.incident_id}'s ranks")
+        return key[1]
 
     async def _begin_upload(self, first: pb.BundleChunk) -> FileUpload:
+        if first.node_archive:
+            raise Invalid("a node archive goes up in an UploadFiles stream, not UploadBundle")
         await self._check_upload(first)
         return FileUpload(
             incident_dir=self.store.incident_dir(first.incident_id),

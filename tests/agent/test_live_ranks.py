@@ -23,7 +23,7 @@ from hangwatch.analyzer.parse import parse_dump_bytes
 
 from hangwatch import formats, hook_protocol
 from hangwatch.config import Config
-from hangwatch.formats import RankMeta
+from hangwatch.formats import RankMeta, nodearchive
 from hangwatch.safepickle import safe_loads
 from hangwatch.wire import pb
 from tests.agent.live_ranks import PYSPY, Job, socket_of
@@ -273,12 +273,15 @@ def test_agent_two_phase_collection_with_the_real_coordinator(
     # Rank 0 is not lagging: its full history stayed on the node.
     assert not (incident_dir / "rank_0" / "fr_trace_rank_0").exists()
     local = hang_job.run_dir / "bundles" / incident_dir.name
+    # Phase one went up as one archive for the node (BundleChunk.node_archive).
+    assert [p.name for p in nodearchive.archives(incident_dir)] == ["node_0.zip"]
     for rank in (0, 1):
         for name in (f"fr_tail_rank_{rank}", "meta.json"):
             mine = (local / f"rank_{rank}" / name).read_bytes()
-            assert mine == (incident_dir / f"rank_{rank}" / name).read_bytes(), name
+            assert mine == nodearchive.stored_file(incident_dir, rank, name), name
+            assert not (incident_dir / f"rank_{rank}" / name).exists()
         # Stacks travel inside meta.json; stacks.txt stays on the node.
-        assert not (incident_dir / f"rank_{rank}" / "stacks.txt").exists()
+        assert nodearchive.stored_file(incident_dir, rank, "stacks.txt") is None
         meta = json.loads((local / f"rank_{rank}" / "meta.json").read_text())
         assert meta["stacks"] == (local / f"rank_{rank}" / "stacks.txt").read_text()
         ev = row.report.evidence[rank]

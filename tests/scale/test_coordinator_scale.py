@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hangwatch import formats
+from hangwatch.formats import nodearchive
 from hangwatch.safepickle import safe_loads
 from tests.helpers import wait_until
 from tests.support.simagents import (
@@ -176,20 +177,31 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
     # What the coordinator stored is byte for byte what the agents sent.
     full = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES)
     tails = DumpFactory(fleet.topo, fleet.clock, entries=ENTRIES, tail_context=8)
+    # Tails-first: one node archive per agent (BundleChunk.node_archive).
+    archived, bad = nodearchive.index(bundle)
+    assert bad == [] and len(nodearchive.archives(bundle)) == (RANKS // 8 if two_phase else 0)
+
+    def stored(r: int, name: str) -> bytes | None:
+        m = archived.get((r, name))
+        if m is not None:
+            return nodearchive.read(m, nodearchive.MAX_MEMBER_BYTES)
+        p = bundle / f"rank_{r}" / name
+        return p.read_bytes() if p.is_file() else None
+
     for r in range(RANKS):
         rank_dir = bundle / f"rank_{r}"
         pos = rank_pos(r, 1 << 40, hang)
-        meta = json.loads((rank_dir / formats.META_FILE).read_text())
-        assert (rank_dir / formats.STACKS_FILE).is_file() != two_phase, f"rank {r}"
+        meta = json.loads(stored(r, formats.META_FILE) or b"null")
+        assert (stored(r, formats.STACKS_FILE) is not None) != two_phase, f"rank {r}"
         assert ("stacks" in meta) == two_phase, f"rank {r}"
         full_path = rank_dir / f"{formats.FR_FILE_PREFIX}{r}"
         if two_phase:
-            tail = (rank_dir / f"{formats.FR_TAIL_PREFIX}{r}").read_bytes()
-            assert tail == tails.dump_bytes(r, pos), f"rank {r}"
+            tail = stored(r, f"{formats.FR_TAIL_PREFIX}{r}")
+            assert tail is not None and tail == tails.dump_bytes(r, pos), f"rank {r}"
             assert len(tail) < len(full.dump_bytes(r, pos)) // 4
             assert full_path.is_file() == (r == LAGGING), f"rank {r}"
         else:
-            assert not (rank_dir / f"{formats.FR_TAIL_PREFIX}{r}").exists()
+            assert stored(r, f"{formats.FR_TAIL_PREFIX}{r}") is None
         if full_path.is_file():
             assert full_path.read_bytes() == full.dump_bytes(r, pos), f"rank {r}"
     assert not list(bundle.rglob("*.part"))

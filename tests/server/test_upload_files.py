@@ -4,14 +4,19 @@ stream, packed into few messages, stored all-or-nothing with a shared sync."""
 from __future__ import annotations
 
 import hashlib
+import io
+import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from hangwatch.agent.uploader import pack_chunks
+from hangwatch.agent.uploader import archive_chunks, pack_chunks
 from hangwatch.server.coordinator import Coordinator
+from hangwatch.server.incidents.collection import fr_stored
 
+from hangwatch.formats import nodearchive
 from hangwatch.wire import pb, rpc
 
 from .conftest import chunks
@@ -146,3 +151,93 @@ def test_held_bytes_cap_across_streams(start_coordinator: Callable[..., Coordina
     assert (
         hashlib.sha256(stored.read_bytes()).hexdigest() == hashlib.sha256(b"a" * 40_000).hexdigest()
     )
+
+
+def _archive(
+    iid: str, members: list[tuple[int, str, bytes]], node: str = "node-a"
+) -> list[pb.BundleChunk]:
+    """A node archive's chunks, built by the agent's own code."""
+    return list(archive_chunks(members, size=4096, job_id=JOB, agent_id=node, incident_id=iid))
+
+
+@pytest.mark.timeout(30)
+def test_a_node_archive_is_stored_as_one_file_and_read_back(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub
+) -> None:
+    iid = _incident(coordinator, list(range(16)))
+    members = [
+        (r, name, (f"{name} of rank {r}\n" * (300 * (r + 1))).encode())
+        for r in range(8, 16)
+        for name in (f"fr_tail_rank_{r}", "meta.json")
+    ]
+    ack = stub.UploadFiles(pack_chunks(_archive(iid, members), 64 * 1024), timeout=10)
+    assert [(a.rank, a.file_name, a.complete, a.duplicate) for a in ack.files] == [
+        (8, "node_8.zip", True, False)
+    ]
+    bundle = coordinator.store.incident_dir(iid)
+    assert [p.name for p in nodearchive.archives(bundle)] == ["node_8.zip"]
+    assert not list(bundle.glob("rank_*"))  # 16 files, none made one by one
+    for r, name, data in members:
+        assert nodearchive.stored_file(bundle, r, name) == data
+    assert fr_stored(bundle, range(16)) == set(range(8, 16))
+    # A replay (the agent retrying after a lost ack) is a duplicate.
+    again = stub.UploadFiles(pack_chunks(_archive(iid, members), 64 * 1024), timeout=10)
+    assert [a.duplicate for a in again.files] == [True]
+
+
+def _zip(entries: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buf, "w") as z:
+        warnings.simplefilter("ignore")  # a duplicate name is what one case sends
+        for name, data in entries:
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def _raw_archive(
+    iid: str, first: int, data: bytes, name: str | None = None
+) -> list[pb.BundleChunk]:
+    cs = chunks(JOB, "node-a", iid, first, name or nodearchive.archive_name(first), data, 4096)
+    for c in cs:
+        c.node_archive = True
+    return cs
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("data", "name", "needle"),
+    [
+        # A member of a rank outside the incident (another job's, or made up).
+        (_zip([("rank_0/meta.json", b"{}"), ("rank_99/meta.json", b"{}")]), None, "rank 99"),
+        (_zip([("rank_0/../../etc/passwd", b"x")]), None, "not rank_<R>/<file name>"),
+        (_zip([("rank_0/meta.json", b"{}"), ("rank_0/meta.json", b"{}")]), None, "twice"),
+        (b"PK\x03\x04 not really a zip", None, "not a readable zip"),
+        (_zip([("rank_0/meta.json", b"{}")]), "node_3.zip", "named 'node_0.zip'"),
+    ],
+)
+def test_a_bad_node_archive_is_refused_and_nothing_stored(
+    coordinator: Coordinator,
+    stub: rpc.CoordinatorStub,
+    data: bytes,
+    name: str | None,
+    needle: str,
+) -> None:
+    iid = _incident(coordinator, list(range(8)))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UploadFiles(pack_chunks(_raw_archive(iid, 0, data, name), 64 * 1024), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert needle in (e.value.details() or ""), e.value.details()
+    bundle = coordinator.store.incident_dir(iid)
+    assert nodearchive.archives(bundle) == [] and not list(bundle.rglob("*.part"))
+
+
+@pytest.mark.timeout(30)
+def test_a_node_archive_on_upload_bundle_is_refused(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub
+) -> None:
+    iid = _incident(coordinator, list(range(8)))
+    cs = _raw_archive(iid, 0, _zip([("rank_0/meta.json", b"{}")]))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UploadBundle(iter(cs), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UploadFiles" in (e.value.details() or "")

@@ -135,6 +135,7 @@ class SimAgent(DumpUploads):
             raise ValueError(f"unknown form {self.spec.form!r}")
         self.groups = progress_columns.group_table(self.register_request().ranks)
         self.coordinator_reads_columns = False  # RegisterResponse.progress_columns
+        self.coordinator_stores_archives = False  # RegisterResponse.node_archives
 
     def register_request(self) -> pb.RegisterRequest:
         topo = self.fleet.topo
@@ -174,6 +175,7 @@ class SimAgent(DumpUploads):
                 await asyncio.sleep(0.2 * 2**attempt)
         self.session_id = resp.session_id
         self.coordinator_reads_columns = resp.progress_columns
+        self.coordinator_stores_archives = resp.node_archives
         self.stats.registered += 1
         self.delta.reset(resp.heartbeat_s)
         self._end_stream()  # its session is over

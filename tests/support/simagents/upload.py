@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 import grpc
-from hangwatch.agent.uploader import pack_chunks, read_chunks
+from hangwatch.agent.uploader import archive_chunks, pack_chunks, read_chunks
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
@@ -57,6 +57,7 @@ class DumpUploads:
     metadata: tuple[tuple[str, str], ...]
     stub: rpc.CoordinatorStub
     stats: AgentStats
+    coordinator_stores_archives: bool
 
     def about(self, incident_id: str) -> IncidentIds:
         """The ids every message about an incident carries: whose, from whom, which."""
@@ -84,12 +85,23 @@ class DumpUploads:
             pos = rank_pos(r, idx, self.fleet.hang)
             files.extend((r, *f) for f in self.tail_files(r, pos, context))
 
+        archive = self.coordinator_stores_archives
+        sent = 1 if archive else len(files)
+
         async def chunks() -> AsyncIterator[pb.BundleChunks]:
-            # Packed by the real agent's own packer.
-            every = (
-                c
-                for r, name, data, digest in files
-                for c in _chunk_list(self, incident_id, r, name, data, digest)
+            # Built and packed by the real agent's own code.
+            every: Iterator[pb.BundleChunk] = (
+                archive_chunks(
+                    [(r, name, data) for r, name, data, _ in files],
+                    size=CHUNK_BYTES,
+                    **self.about(incident_id),
+                )
+                if archive
+                else (
+                    c
+                    for r, name, data, digest in files
+                    for c in _chunk_list(self, incident_id, r, name, data, digest)
+                )
             )
             for msg in pack_chunks(every, CHUNK_BYTES):
                 yield msg
@@ -99,14 +111,14 @@ class DumpUploads:
                 chunks(),
                 timeout=UPLOAD_TIMEOUT_S,
                 metadata=self.metadata,
-                compression=grpc.Compression.Gzip if self.spec.compress else None,
+                compression=grpc.Compression.Gzip if self.spec.compress and not archive else None,
             )
         except grpc.aio.AioRpcError as e:
             why = f"upload failed: {e.code().name}: {e.details()}"
             self.stats.error(f"UploadFiles: {why}")
             return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
-        if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
-            why = f"coordinator acked {len(ack.files)} of {len(files)} files"
+        if len(ack.files) != sent or not all(a.complete for a in ack.files):
+            why = f"coordinator acked {len(ack.files)} of {sent} files"
             self.stats.error(why)
             return [], [pb.RankFailure(rank=r, reason=why) for r in self.ranks]
         rec.files += len(files)

@@ -99,18 +99,20 @@ class RegisterRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., host: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s", "progress_stream", "progress_columns")
+    __slots__ = ("session_id", "poll_interval_s", "heartbeat_s", "progress_stream", "progress_columns", "node_archives")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POLL_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_STREAM_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ARCHIVES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     poll_interval_s: float
     heartbeat_s: float
     progress_stream: bool
     progress_columns: bool
-    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., progress_stream: _Optional[bool] = ..., progress_columns: _Optional[bool] = ...) -> None: ...
+    node_archives: bool
+    def __init__(self, session_id: _Optional[str] = ..., poll_interval_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., progress_stream: _Optional[bool] = ..., progress_columns: _Optional[bool] = ..., node_archives: _Optional[bool] = ...) -> None: ...
 
 class InFlight(_message.Message):
     __slots__ = ("seq", "op", "age_s")
@@ -323,7 +325,7 @@ class Command(_message.Message):
     def __init__(self, kind: _Optional[_Union[CommandKind, str]] = ..., incident_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline_s: _Optional[float] = ..., tail_context: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., grace_s: _Optional[float] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BundleChunk(_message.Message):
-    __slots__ = ("job_id", "agent_id", "incident_id", "rank", "file_name", "offset", "data", "last", "sha256", "total_size")
+    __slots__ = ("job_id", "agent_id", "incident_id", "rank", "file_name", "offset", "data", "last", "sha256", "total_size", "node_archive")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +336,7 @@ class BundleChunk(_message.Message):
     LAST_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ARCHIVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     agent_id: str
     incident_id: str
@@ -344,7 +347,8 @@ class BundleChunk(_message.Message):
     last: bool
     sha256: str
     total_size: int
-    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., sha256: _Optional[str] = ..., total_size: _Optional[int] = ...) -> None: ...
+    node_archive: bool
+    def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., incident_id: _Optional[str] = ..., rank: _Optional[int] = ..., file_name: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., sha256: _Optional[str] = ..., total_size: _Optional[int] = ..., node_archive: _Optional[bool] = ...) -> None: ...
 
 class UploadAck(_message.Message):
     __slots__ = ("incident_id", "rank", "file_name", "bytes_stored", "complete", "duplicate")

@@ -1,0 +1,103 @@
+"""Bundles whose phase one arrived as node archives (`<bundle>/nodes/node_<R>.zip`,
+hangwatch.formats.nodearchive) read exactly as the same files in rank
+directories, and a damaged archive costs only what it holds."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from hangwatch.analyzer import analyze_path
+from hangwatch.analyzer.report import Report
+from helpers import GOLDEN_DIR
+
+from hangwatch import formats
+from hangwatch.formats import RankMeta, nodearchive
+
+GOLDEN_DIRS = sorted(p for p in GOLDEN_DIR.iterdir() if (p / "manifest.json").is_file())
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _pack(src: Path, dst: Path, per_node: int = 2) -> None:
+    """`src` copied to `dst` with its rank directories packed, `per_node` ranks
+    an archive, by the agent's own builder."""
+    shutil.copytree(src, dst)
+    ranks = sorted(int(p.name[5:]) for p in dst.glob("rank_*"))
+    (dst / nodearchive.NODES_DIR).mkdir()
+    for i in range(0, len(ranks), per_node):
+        node = ranks[i : i + per_node]
+        members = [
+            (r, f.name, f.read_bytes()) for r in node for f in sorted((dst / f"rank_{r}").iterdir())
+        ]
+        (dst / nodearchive.NODES_DIR / nodearchive.archive_name(node[0])).write_bytes(
+            nodearchive.build(members)
+        )
+        for r in node:
+            shutil.rmtree(dst / f"rank_{r}")
+
+
+def _comparable(rep: Report) -> str:
+    # Everything the report says, file names aside (they name the archive).
+    doc = rep.to_dict()
+    doc.pop("files", None)
+    return str(doc)
+
+
+@pytest.mark.parametrize("src", GOLDEN_DIRS, ids=[p.name for p in GOLDEN_DIRS])
+def test_a_packed_bundle_gives_the_same_report(src: Path, tmp_path: Path) -> None:
+    _pack(src, tmp_path / "packed")
+    assert not list((tmp_path / "packed").glob("rank_*"))
+    loose, packed = analyze_path(src), analyze_path(tmp_path / "packed")
+    assert packed.errors == loose.errors
+    assert _comparable(packed) == _comparable(loose)
+
+
+def test_a_damaged_archive_costs_only_its_own_ranks(tmp_path: Path) -> None:
+    src = GOLDEN_DIR / "compute"
+    _pack(src, tmp_path / "b")
+    nodes = nodearchive.archives(tmp_path / "b")
+    assert len(nodes) == 2
+    nodes[1].write_bytes(nodes[1].read_bytes()[:100])  # cut off mid-transfer
+    rep = analyze_path(tmp_path / "b")
+    assert rep.ranks_loaded == [0, 1]
+    assert [e.file for e in rep.errors] == ["nodes/node_2.zip"], rep.errors
+    assert "not a readable zip archive" in rep.errors[0].error
+    assert rep.verdict != "healthy"
+
+
+def test_a_corrupt_member_is_one_file_error(tmp_path: Path) -> None:
+    src = GOLDEN_DIR / "compute"
+    _pack(src, tmp_path / "b")
+    path = nodearchive.archives(tmp_path / "b")[0]
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"rank_1/{formats.FR_FILE_PREFIX}1")
+    data = bytearray(path.read_bytes())
+    # Flip bytes inside the member's compressed data: its CRC no longer holds.
+    start = info.header_offset + 30 + len(info.filename) + 10
+    data[start : start + 8] = bytes(b ^ 0xFF for b in data[start : start + 8])
+    path.write_bytes(bytes(data))
+    rep = analyze_path(tmp_path / "b")
+    assert [e.file for e in rep.errors] == [f"nodes/node_0.zip!rank_1/{formats.FR_FILE_PREFIX}1"]
+    assert 1 not in rep.ranks_loaded and {0, 2, 3} <= set(rep.ranks_loaded)
+    assert rep.verdict != "healthy"
+
+
+def test_a_ranks_own_meta_beats_the_coordinators_stand_in(tmp_path: Path) -> None:
+    """Rank 3's agent was late: the coordinator wrote a stand-in meta.json in
+    rank_3/, then the node's archive arrived with the rank's own."""
+    src = GOLDEN_DIR / "compute"
+    _pack(src, tmp_path / "b")
+    stand_in = RankMeta(rank=3, process_state="unknown").replace(
+        reachable=False,
+        sources={"process": "coordinator"},
+        errors={"fr": "agent unreachable"},
+    )
+    assert stand_in.stand_in
+    (tmp_path / "b" / "rank_3").mkdir()
+    (tmp_path / "b" / "rank_3" / formats.META_FILE).write_bytes(stand_in.to_bytes())
+    rep = analyze_path(tmp_path / "b")
+    assert rep.evidence[3].reachable is not False
+    assert _comparable(rep) == _comparable(analyze_path(src))
