@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             + len(inc.get("ranks_unreachable") or {}),
             "stall_to_detect_s": round(created - t_stall, 3),
             "incident_s": round(updated - created, 3),
+            "first_command_s": _delta(st["first_command_at"], created),
             "fanout_s": _delta(st["last_command_at"], created),
             "fanout_collect_s": _delta(st["last_done_at"], created),
             "analyze_s": analyze_s,
