@@ -12,7 +12,8 @@ One typed dataclass per file, with `to_json`/`from_json` (and `to_bytes`/
 
 plus the hook's status answer on the rank's socket (FRSTATUS, spliced as
 bytes by hangwatch.recorders). The layout of the directories is in
-`files`; reason codes spelled as text in files and on the wire in `codes`.
+`files`; a node's phase-one files in one archive, `<bundle>/nodes/node_<R>.zip`,
+in `nodearchive`; reason codes spelled as text in files and on the wire in `codes`.
 
 The convention, the same for every format: readers accept a document
 without a schema tag (the previous release wrote some untagged) and refuse
