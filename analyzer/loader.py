@@ -40,7 +40,7 @@ from hangwatch.analyzer.reading import (
 )
 from hangwatch.analyzer.report import FileError
 
-from hangwatch.formats import IncidentDoc, RankMeta
+from hangwatch.formats import IncidentDoc, RankMeta, nodearchive
 
 
 @dataclass(kw_only=True)
@@ -144,20 +144,23 @@ def load_dumps(
     selected = parse_ranks(selected_ranks) if selected_ranks is not None else None
     found = discover(root, prefix)
     base = root.parent if root.is_file() else root
-    rank_meta, meta_errors = read_rank_meta(found.metas, base, selected, found.stacks)
-    incident, incident_errors = read_incident(found.incidents, base)
-    errors = [*found.errors, *meta_errors, *incident_errors]
+    try:
+        rank_meta, meta_errors = read_rank_meta(found.metas, base, selected, found.stacks)
+        incident, incident_errors = read_incident(found.incidents, base)
+        errors = [*found.errors, *meta_errors, *incident_errors]
 
-    cands = found.dumps
-    if selected is not None:
-        cands = [c for c in cands if c.rank in selected]
-    results = read_all(
-        cands,
-        workers=workers,
-        on_progress=on_progress,
-        max_bytes=max_file_bytes,
-        max_entries=max_entries,
-    )
+        cands = found.dumps
+        if selected is not None:
+            cands = [c for c in cands if c.rank in selected]
+        results = read_all(
+            cands,
+            workers=workers,
+            on_progress=on_progress,
+            max_bytes=max_file_bytes,
+            max_entries=max_entries,
+        )
+    finally:
+        nodearchive.release()  # the node archive read last, if any
     by_key, read_errors = choose_dumps(results)
     errors.extend(read_errors)
 

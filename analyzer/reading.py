@@ -87,7 +87,10 @@ def _decode(cand: Candidate, data: bytes, max_entries: int) -> Result:
 
 def _read_chunk(cands: list[Candidate], max_bytes: int, max_entries: int) -> list[Result]:
     with gc_paused():
-        return [read_one(c, max_bytes, max_entries) for c in cands]
+        try:
+            return [read_one(c, max_bytes, max_entries) for c in cands]
+        finally:
+            nodearchive.release()
 
 
 @contextlib.contextmanager

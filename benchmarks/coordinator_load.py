@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fleet_transport": args.fleet_transport,
         "fleet_form": args.fleet_form,
         "compress": not args.no_compress,
+        "report_interval_s": args.report_interval,
     }
     coord = CoordinatorProcess(
         data_dir,
@@ -143,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         nice=args.fleet_nice,
         transport=args.fleet_transport,
         form=args.fleet_form,
+        report_interval_s=args.report_interval,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -163,6 +165,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             healthy_prof.wait(60)
         healthy = sampler.window(t_h, time.time())
         out["healthy_cpu_cores"] = round(healthy["cores"], 3)
+        # Per rank report at the healthy rate: what 1 Hz costs scales with it.
+        out["healthy_cpu_us_per_rank_report"] = round(
+            healthy["cores"] * args.report_interval / args.ranks * 1e6, 1
+        )
         out["coordinator_rss_healthy_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
 
         if args.profile:
@@ -362,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--analyze-budget-s", type=float, default=900.0)
     p.add_argument("--keep", help="data dir to use and keep (default: a temp dir)")
     p.add_argument("--profile", help="py-spy raw (collapsed) profile of the incident window")
+    p.add_argument(
+        "--report-interval",
+        type=float,
+        default=1.0,
+        help="seconds between an agent's reports (above 1 where the fleet cannot keep 1 Hz)",
+    )
     p.add_argument("--profile-healthy", help="py-spy raw profile of the healthy window")
     p.add_argument("--py-spy", default="py-spy")
     args = p.parse_args(argv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -162,12 +163,39 @@ def index(bundle: Path) -> tuple[dict[tuple[int, str], Member], list[tuple[Path,
     return found, errors
 
 
+# The archive last read from, per thread, kept open: a reader takes a node's
+# members one after another, and opening the archive for each (its central
+# directory parsed again) cost 0.34 ms a member, 2.8 s for 8,192 at 4,096
+# ranks. `release` closes it.
+_open = threading.local()
+
+
+def _archive(path: str) -> zipfile.ZipFile:
+    cached: tuple[str, zipfile.ZipFile] | None = getattr(_open, "z", None)
+    if cached is not None and cached[0] == path:
+        return cached[1]
+    release()
+    z = zipfile.ZipFile(path)
+    _open.z = (path, z)
+    return z
+
+
+def release() -> None:
+    """Close the archive this thread kept open for reading, if any."""
+    cached: tuple[str, zipfile.ZipFile] | None = getattr(_open, "z", None)
+    _open.z = None
+    if cached is not None:
+        cached[1].close()
+
+
 def read(member: Member, limit: int) -> bytes:
-    """A member's bytes, at most `limit` (ArchiveError past it, or on a bad CRC)."""
+    """A member's bytes, at most `limit` (ArchiveError past it, or on a bad
+    CRC). Keeps the archive open for the next member read on this thread
+    (`release` closes it)."""
     if member.size > limit:
         raise ArchiveError(f"{member.member} is {member.size} bytes, over the {limit}-byte limit")
     try:
-        with zipfile.ZipFile(member.archive) as z, z.open(member.member) as f:
+        with _archive(member.archive).open(member.member) as f:
             data = f.read(limit + 1)
     except (zipfile.BadZipFile, zlib.error, KeyError, OSError, EOFError, RuntimeError) as e:
         # BadZipFile: a bad CRC or header; zlib.error: a corrupt deflate
@@ -190,5 +218,8 @@ def stored_file(bundle: Path, rank: int, name: str, limit: int = MAX_MEMBER_BYTE
     for path in archives(bundle):
         for m in list_members(path):
             if m.rank == rank and m.name == name:
-                return read(m, limit)
+                try:
+                    return read(m, limit)
+                finally:
+                    release()
     return None

@@ -267,10 +267,13 @@ def _some_metas(bundle: Path) -> Iterator[bytes]:
             yield meta_path.read_bytes()
         except OSError:
             continue
-    for path in nodearchive.archives(bundle):
-        try:
-            for m in nodearchive.list_members(path):
-                if m.name == formats.META_FILE:
-                    yield nodearchive.read(m, formats.MAX_RANKMETA_BYTES)
-        except nodearchive.ArchiveError:
-            continue
+    try:
+        for path in nodearchive.archives(bundle):
+            try:
+                for m in nodearchive.list_members(path):
+                    if m.name == formats.META_FILE:
+                        yield nodearchive.read(m, formats.MAX_RANKMETA_BYTES)
+            except nodearchive.ArchiveError:
+                continue
+    finally:
+        nodearchive.release()
