@@ -105,8 +105,9 @@ class Scope:
 def _split_by_group(t: pd.Series) -> dict[str, pd.Series]:
     """group -> Series(rank -> value), groups in sorted order, rows in table order.
 
-    One stable sort and slices of plain arrays: a groupby that drops the
-    level of every part took 1.1 s for 1,665 groups (4,096 ranks), this 0.05 s.
+    One stable sort and slices of one Series: a groupby that dropped the
+    level of every part took 0.2-0.3 s per column for 1,569 groups (4,096
+    ranks), this 0.03 s.
     """
     groups = t.index.get_level_values("group")
     ranks = t.index.get_level_values("rank")
