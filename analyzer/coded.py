@@ -121,3 +121,41 @@ def only_str(v: Any) -> bool:
 
 def is_str_or_none(v: Any) -> bool:
     return v is None or type(v) is str
+
+
+def split_coded(c: Coded, bounds: np.ndarray) -> list[Coded]:
+    """Cut a column of several files (file i: rows bounds[i]:bounds[i+1]) into
+    one Coded per file, exactly as encoding each file alone gives it: codes
+    and cats in order of first appearance in the file, reps its own rows.
+
+    Vectorized over the batch: one sort of (file, code) keys, then a slice
+    and a short list per file.
+    """
+    n_files = len(bounds) - 1
+    n_rows = int(bounds[-1])
+    if not n_rows:
+        empty = np.zeros(0, dtype=np.int32)
+        return [Coded(codes=empty, cats=[], reps=np.zeros(0, dtype=np.int64))] * n_files
+    file_of = np.repeat(np.arange(n_files, dtype=np.int64), np.diff(bounds))
+    key = file_of * len(c.cats) + c.codes
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # Rows are grouped by file, so first appearance in the batch orders the
+    # distinct (file, value) pairs by file, then by first appearance in it.
+    order = np.argsort(first, kind="stable")
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order))
+    files_in_order = uniq[order] // len(c.cats)
+    start = np.searchsorted(files_in_order, np.arange(n_files + 1))
+    local = (pos[inverse] - start[file_of]).astype(np.int32)
+    values = (uniq[order] % len(c.cats)).tolist()
+    reps = first[order] - bounds[files_in_order]
+    out = []
+    for f, (lo, hi) in enumerate(itertools.pairwise(start.tolist())):
+        out.append(
+            Coded(
+                codes=local[bounds[f] : bounds[f + 1]],
+                cats=[c.cats[v] for v in values[lo:hi]],
+                reps=reps[lo:hi],
+            )
+        )
+    return out

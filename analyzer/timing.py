@@ -180,9 +180,13 @@ def _newest_ns(scope: Scope) -> dict[int, int]:
                 E["time_discovered_completed_ns"].to_numpy(),
             ),
         )
+        # One sort, then a max per run of equal ranks: a mask over every row
+        # per rank was 4,096 passes over 140,000 rows (0.27 s).
         ranks = E["rank"].to_numpy()
-        for r in np.unique(ranks):
-            out[int(r)] = int(ts[ranks == r].max())
+        order = np.argsort(ranks, kind="stable")
+        uniq, start = np.unique(ranks[order], return_index=True)
+        hi = np.maximum.reduceat(ts[order], start)
+        out = dict(zip(uniq.tolist(), hi.tolist(), strict=True))
     for r, unix in scope.loaded.written_unix.items():
         w = int(unix * 1e9)
         if r in out and out[r] < w <= out[r] + int(COPY_AFTER_S * 1e9):

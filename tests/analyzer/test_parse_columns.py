@@ -9,16 +9,25 @@ arbitrary values, including the shapes where the shortcut must step aside
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from fr_dumps import SimJob
 from hangwatch.analyzer.coded import Coded, encode, marshal_keys, only_str, str_or, tuple_keys
-from hangwatch.analyzer.decode import group_columns
+from hangwatch.analyzer.decode import (
+    ParsedDump,
+    check_dump,
+    decode_dump,
+    decode_dumps,
+    group_columns,
+)
 from hangwatch.analyzer.fields import dtypes_norm, fast_int_column, sizes_str
+from hangwatch.analyzer.loader import load_dumps
 from hangwatch.analyzer.parse import parse_dump_bytes
 from hangwatch.analyzer.sniff import DumpFormatError
 from hypothesis import HealthCheck, example, given, settings
@@ -141,3 +150,46 @@ def test_one_pass_and_per_key_reads_agree(missing: str) -> None:
     assert {k: v for k, v in last_full.items() if k != missing} == {
         k: v for k, v in last_part.items() if k != missing
     }
+
+
+def _same_dump(a: ParsedDump, b: ParsedDump) -> None:
+    for k in ("version", "backend", "pg_config", "pg_status", "n_entries", "frames", "tail"):
+        assert getattr(a, k) == getattr(b, k), k
+    assert (a.hooked, a.completion_known) == (b.hooked, b.completion_known)
+    assert list(a.columns) == list(b.columns)
+    for k, x in a.columns.items():
+        y = b.columns[k]
+        if isinstance(x, Coded):
+            assert x.cats == y.cats and x.codes.tolist() == y.codes.tolist(), k
+            assert x.reps.tolist() == y.reps.tolist(), k
+        else:
+            assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+
+
+def test_dumps_decoded_together_equal_each_decoded_alone() -> None:
+    """A batch mixes shapes (JSON lists beside pickle tuples, an entry without
+    a key, an empty dump): each file's share must still be what it decodes to
+    alone, its string columns in its own order of first appearance."""
+    job = _job()
+    job.ranks[1].coll("0", "all_gather", done=False)
+    objs = [
+        job.ranks[0].dump_obj(),
+        json.loads(job.ranks[1].dump_bytes(json_form=True)),
+        {"version": "2.10", "pg_status": {}, "entries": []},
+        job.ranks[1].dump_obj(),
+    ]
+    del objs[3]["entries"][0]["thread_id"]
+    dumps = [(o, check_dump(o)) for o in objs]
+    for got, o in zip(decode_dumps(dumps), objs, strict=True):
+        _same_dump(got, decode_dump(o))
+
+
+def test_a_bad_file_in_a_batch_is_its_own_error(tmp_path: Path) -> None:
+    job = _job()
+    job.write(tmp_path)
+    bad = job.ranks[0].dump_obj()
+    bad["entries"][0]["collective_seq_id"] = None  # passes check_dump, fails decoding
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(bad))
+    loaded = load_dumps(tmp_path)
+    assert loaded.ranks_loaded == [1]
+    assert [e.error for e in loaded.errors] == ["an entry has no collective_seq_id"]
