@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from hangwatch.agent.delta import DeltaReporter
@@ -20,6 +20,7 @@ from tests.support.simagents.constants import (
     KINDS,
     RANKS_PER_AGENT,
     TORCH_VERSION,
+    TRANSIENT,
     UNARY_TIMEOUT_S,
 )
 from tests.support.simagents.topology import index_of, last_seq, op_at, rank_pos
@@ -89,11 +90,6 @@ class AgentStats:
     def error(self, text: str) -> None:
         if len(self.errors) < 50:
             self.errors.append(text)
-
-
-_TRANSIENT: Final = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
-)
 
 
 class SimAgent(DumpUploads):
@@ -168,7 +164,7 @@ class SimAgent(DumpUploads):
                 )
                 break
             except grpc.aio.AioRpcError as e:
-                if e.code() not in _TRANSIENT or attempt == attempts - 1:
+                if e.code() not in TRANSIENT or attempt == attempts - 1:
                     raise
                 self.stats.register_retries += 1
                 self.stats.error(f"Register: {e.code().name}: {e.details()} (retrying)")

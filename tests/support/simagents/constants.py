@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+import grpc
+
 RANKS_PER_AGENT: Final = 8
 FR_VERSION: Final = "2.10"
 NCCL_VERSION: Final = "2.27.3"
@@ -15,6 +17,11 @@ CHUNK_BYTES: Final = 1 << 20
 START_STEP: Final = 17_000
 UNARY_TIMEOUT_S: Final = 30.0
 UPLOAD_TIMEOUT_S: Final = 120.0
+# Worth retrying (with back-off) rather than counting as an answer.
+TRANSIENT: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+COMPLETE_ATTEMPTS: Final = 5  # CompleteDump tries, 0.5-4 s apart
 
 KINDS: Final = ("default", "tp", "pp", "dp")
 PG_ID: Final = {"default": 0, "tp": 1, "pp": 2, "dp": 3}  # creation order on every rank

@@ -18,7 +18,13 @@ from hangwatch.agent.uploader import archive_chunks, pack_chunks, read_chunks
 
 from hangwatch import formats
 from hangwatch.wire import pb, rpc
-from tests.support.simagents.constants import CHUNK_BYTES, UNARY_TIMEOUT_S, UPLOAD_TIMEOUT_S
+from tests.support.simagents.constants import (
+    CHUNK_BYTES,
+    COMPLETE_ATTEMPTS,
+    TRANSIENT,
+    UNARY_TIMEOUT_S,
+    UPLOAD_TIMEOUT_S,
+)
 from tests.support.simagents.dumps import stacks_text
 from tests.support.simagents.topology import RankPos, rank_pos
 
@@ -187,15 +193,23 @@ class DumpUploads:
                     )
                     failures.append(pb.RankFailure(rank=r, reason=f"upload failed: {why}"))
                     self.stats.error(f"UploadBundle rank {r}: {why}")
-            res = await self.stub.CompleteDump(
-                pb.DumpResult(
-                    **self.about(incident_id),
-                    ranks_dumped=dumped,
-                    failures=failures,
-                ),
-                timeout=UNARY_TIMEOUT_S,
-                metadata=self.metadata,
+            result = pb.DumpResult(
+                **self.about(incident_id), ranks_dumped=dumped, failures=failures
             )
+            # Retried as the real agent retries a pending dump's answer: one
+            # lost under load would leave the coordinator waiting out its
+            # deadline for ranks that were in fact dumped.
+            for attempt in range(COMPLETE_ATTEMPTS):
+                try:
+                    res = await self.stub.CompleteDump(
+                        result, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
+                    )
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in TRANSIENT or attempt == COMPLETE_ATTEMPTS - 1:
+                        raise
+                    self.stats.error(f"CompleteDump: {e.code().name} (retrying)")
+                    await asyncio.sleep(0.5 * 2**attempt)
             rec.accepted = res.accepted
         except grpc.aio.AioRpcError as e:
             rec.error = f"CompleteDump: {e.code().name}: {e.details()}"
