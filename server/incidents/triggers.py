@@ -217,6 +217,7 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
             "idle_ranks": quiet.idle_ranks,
             "busy_ranks": quiet.busy_ranks,
             "compiling_ranks": quiet.compiling_ranks,
+            "cores": {str(r): c for r, c in quiet.cores.items()},
         },
     )
 

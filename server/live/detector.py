@@ -195,6 +195,14 @@ class JobQuiet:
     idle_ranks: list[int] = field(default_factory=list)  # under BUSY_CORES, or unknown
     busy_ranks: list[int] = field(default_factory=list)
     compiling_ranks: list[int] = field(default_factory=list)  # of busy_ranks: in torch.compile
+    # The CPU cores each rank used lately as the rule read them (None:
+    # unknown), for the first CORES_SHOWN ranks: what made a rank idle.
+    cores: dict[int, float | None] = field(default_factory=dict)
+
+
+# Ranks whose CPU reading a no-progress trigger records: enough for a node or
+# a pipeline; a 16,384-rank job's whole table would not fit an incident.json.
+CORES_SHOWN: Final = 64
 
 
 def quiet_threshold(stall_timeout: float, longest_gap_s: float) -> float:
@@ -239,4 +247,8 @@ def find_job_quiet(
         idle_ranks=idle,
         busy_ranks=busy,
         compiling_ranks=sorted(r.rank for r in ranks if r.compiling),
+        cores={
+            r.rank: None if r.cores is None else round(r.cores, 3)
+            for r in sorted(ranks, key=lambda r: r.rank)[:CORES_SHOWN]
+        },
     )

@@ -159,8 +159,9 @@ class JobRecord:
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     last_seen: float = 0.0
     last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more
-    # When this run of the job was first seen (registered, or restarted with new
-    # processes): a job whose counters never move is quiet since then.
+    # When this run of the job's first rank registered (or it restarted with
+    # new processes); 0 while no rank has: a job whose counters never move is
+    # quiet since then.
     started: float = 0.0
     # Reports that moved a counter past a rank's first numbers, when the last
     # one arrived and the longest gap between two: whether the job was making

@@ -164,8 +164,15 @@ class JobRegistry:
             job = self._jobs.get(req.job_id)
             if job is None:
                 self._evict_if_full()
-                job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id, started=now)
+                job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id)
             job.last_seen = now
+            if req.ranks and not job.started:
+                # From its first rank, not its first agent: an agent starts
+                # before its ranks and registers none, and the ranks' import of
+                # torch took 9 s in a loaded test run, all of it counted as the
+                # job being quiet (a compiling job was paged 0.4 s after its
+                # ranks appeared, their CPU not yet known).
+                job.started = now
             restarted = False
             for ri in req.ranks:
                 before = job.pids.get(ri.rank)

@@ -18,6 +18,7 @@ from hangwatch.server.live.detector import (
 )
 
 from hangwatch.wire import pb
+from tests.support.clock import FakeClock
 
 from . import test_fake_clock
 from .test_fake_clock import STALL, Env
@@ -93,6 +94,31 @@ def test_a_job_whose_counters_never_moved_is_paged_at_the_bound_not_before(env: 
         f"no progress for {BOUND:.1f}s on any rank, past the {BOUND:.0f}s bound "
         "(ranks 0-3 idle, none in a collective): FR cannot see this hang; diagnosing from the stacks"
     )
+
+
+@pytest.mark.timeout(20)
+def test_the_bound_runs_from_the_first_rank_not_from_its_agent() -> None:
+    """A node agent starts before its ranks and registers none; the ranks then
+    spend seconds importing torch (9 s in a loaded test run, when a compiling
+    job was paged 0.4 s after its ranks appeared). The job is quiet from when
+    its first rank registered."""
+    clock = FakeClock()
+    registry = test_fake_clock._registry(clock)
+    node = test_fake_clock.Node(registry, "a", [])
+    node.register([])
+    clock.advance(2 * BOUND)
+    node.register([0, 1, 2, 3])
+    node.report({r: (0, 0) for r in range(4)})
+    for _ in range(int(BOUND) - 1):
+        clock.advance(1.0)
+        node.report({r: (0, 0) for r in range(4)})
+        assert registry.quiet(test_fake_clock.JOB) is None
+    clock.advance(1.0)
+    node.report({r: (0, 0) for r in range(4)})
+    quiet = registry.quiet(test_fake_clock.JOB)
+    assert quiet is not None and quiet.rule == "bound" and quiet.quiet_for_s == BOUND
+    # What made them idle is on record: no CPU reading at all (these reports carry none).
+    assert quiet.cores == {0: None, 1: None, 2: None, 3: None}
 
 
 def _working(
