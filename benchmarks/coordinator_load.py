@@ -62,6 +62,10 @@ def _py_spy(py_spy: str, pid: int, out: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _quantile(xs: list[float], q: float) -> float | None:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
 def _sys_s(pid: int) -> float:
     """Kernel CPU seconds of a process (stime): syscalls, filesystem, syncs."""
     with open(f"/proc/{pid}/stat") as f:
@@ -210,6 +214,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "stall_to_detect_s": round(created - t_stall, 3),
             "incident_s": round(updated - created, 3),
             "first_command_s": _delta(st["first_command_at"], created),
+            # Half and nine tenths of the agents had their DUMP this long after it opened.
+            "command_p50_s": _delta(_quantile(st["command_ats"], 0.5), created),
+            "command_p90_s": _delta(_quantile(st["command_ats"], 0.9), created),
             "fanout_s": _delta(st["last_command_at"], created),
             "fanout_collect_s": _delta(st["last_done_at"], created),
             "analyze_s": analyze_s,

@@ -164,6 +164,7 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "entry_batches": sum(p["entry_batches"] for p in parts),
         "dump_commands": len(dumps),
         "incidents": sorted({d["incident_id"] for d in dumps}),
+        "command_ats": sorted(cmds),  # when each agent saw a DUMP (fan-out's spread)
         "first_command_at": min(cmds, default=None),
         "last_command_at": max(cmds, default=None),
         "last_done_at": max(done, default=None),
@@ -399,6 +400,8 @@ def _merge_fleet(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 out[k] = v if out.get(k) is None else (min(out[k], v) if v is not None else out[k])
             elif k in ("last_command_at", "last_done_at"):
                 out[k] = v if out.get(k) is None else (max(out[k], v) if v is not None else out[k])
+            elif k == "command_ats":
+                out[k] = sorted(out.get(k, []) + v)
             elif k in ("incidents", "full_uploads"):
                 out[k] = sorted(set(out.get(k, [])) | set(v))
             elif k == "errors":
