@@ -154,7 +154,9 @@ def gc_paused() -> Iterator[None]:
     threshold crossing makes the collector walk the young ones: 3-4x the
     unpickling time. A dump holds no reference cycles (pickle and JSON build
     trees), so reference counting frees everything; torch's own reader does
-    the same."""
+    the same. The loader and the analysis run paused as a whole too: each
+    collection walks young object columns of every entry, and pandas' few
+    cycles wait for the next collection after."""
     was = gc.isenabled()
     gc.disable()
     try:
