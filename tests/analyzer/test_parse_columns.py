@@ -29,6 +29,7 @@ from hangwatch.analyzer.decode import (
 from hangwatch.analyzer.fields import dtypes_norm, fast_int_column, sizes_str
 from hangwatch.analyzer.loader import load_dumps
 from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.reading import _merge_coded
 from hangwatch.analyzer.sniff import DumpFormatError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -193,3 +194,25 @@ def test_a_bad_file_in_a_batch_is_its_own_error(tmp_path: Path) -> None:
     loaded = load_dumps(tmp_path)
     assert loaded.ranks_loaded == [1]
     assert [e.error for e in loaded.errors] == ["an entry has no collective_seq_id"]
+
+
+_files_cats = st.lists(
+    st.lists(st.sampled_from(["b", "a", "c", "0", "10", "2", "é", ""]), min_size=1, max_size=12),
+    min_size=1,
+    max_size=6,
+)
+
+
+@FAST
+@given(_files_cats)
+def test_merged_categories_are_ordered_by_first_file_then_string(files: list[list[str]]) -> None:
+    """concat_columns merges every file's strings at once; the order must stay
+    the one a table filled file by file with each file's sorted strings gives."""
+    coded = [encode(v, str, types=frozenset({str})) for v in files]
+    table: dict[str, int] = {}
+    for c in coded:
+        for s in sorted(c.cats):
+            table.setdefault(s, len(table))
+    got = _merge_coded(coded)
+    assert list(got.categories) == list(table)
+    assert list(got) == [s for v in files for s in v]
