@@ -21,6 +21,7 @@ from fr_dumps import SimJob
 from hangwatch.analyzer.coded import Coded, encode, marshal_keys, only_str, str_or, tuple_keys
 from hangwatch.analyzer.decode import (
     ParsedDump,
+    _shape_columns,
     check_dump,
     decode_dump,
     decode_dumps,
@@ -50,6 +51,10 @@ _dtypes = st.one_of(
     st.lists(st.one_of(st.text(max_size=3), st.integers(0, 9)), max_size=3),
     st.none(),
     st.text(max_size=3),
+)
+_size_lists = st.lists(_shape, max_size=3)
+_dtype_lists = st.lists(
+    st.one_of(st.sampled_from(["Float", "Half"]), st.integers(0, 2)), max_size=3
 )
 _strings = st.one_of(st.sampled_from(["scheduled", "started", "completed"]), st.none(), _atom)
 
@@ -216,3 +221,25 @@ def test_merged_categories_are_ordered_by_first_file_then_string(files: list[lis
     got = _merge_coded(coded)
     assert list(got.categories) == list(table)
     assert list(got) == [s for v in files for s in v]
+
+
+@FAST
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(_size_lists, _size_lists, _dtype_lists, _dtype_lists),
+            st.tuples(_sizes, _sizes, _dtypes, _dtypes),
+        ),
+        max_size=30,
+    )
+)
+def test_shapes_keyed_together_equal_per_value(rows: list[tuple[Any, Any, Any, Any]]) -> None:
+    """Sizes and dtypes share one key per entry: each column must still be
+    its per-value normalization (bools among ints, tuples among lists), and
+    a row of anything but lists sends all four to encode's own path."""
+    cols = [[r[k] for r in rows] for k in range(4)]
+    got = _shape_columns(*cols)
+    for c, values, norm in zip(
+        got, cols, (sizes_str, sizes_str, dtypes_norm, dtypes_norm), strict=True
+    ):
+        _check(c, [norm(v) for v in values])
