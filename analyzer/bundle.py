@@ -37,7 +37,6 @@ def read_rank_meta(
     rank_meta: dict[int, RankMeta] = {}
     errors: list[FileError] = []
     for mp in paths:
-        rel = _rel(mp, base)
         try:
             if isinstance(mp, nodearchive.Member):
                 raw = loads(nodearchive.read(mp, MAX_META_BYTES), formats.RANKMETA, MAX_META_BYTES)
@@ -49,7 +48,9 @@ def read_rank_meta(
                 del raw["stacks"]
             meta = RankMeta.from_json(raw)
         except (OSError, ValueError) as e:
-            errors.append(FileError(file=rel, error=f"unreadable meta.json: {one_line(str(e))}"))
+            errors.append(
+                FileError(file=_rel(mp, base), error=f"unreadable meta.json: {one_line(str(e))}")
+            )
             continue
         if selected is not None and meta.rank not in selected:
             continue
@@ -59,7 +60,9 @@ def read_rank_meta(
         # Tails-first bundles carry the stacks in meta.json.
         stacks = None if meta.stacks is None else meta.stacks[:MAX_STACKS_BYTES]
         if bad_stacks:
-            errors.append(FileError(file=rel, error="meta.json 'stacks' is not text; ignored"))
+            errors.append(
+                FileError(file=_rel(mp, base), error="meta.json 'stacks' is not text; ignored")
+            )
         if isinstance(mp, nodearchive.Member):
             sm = (archived_stacks or {}).get(mp.rank)
             if sm is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import marshal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,17 +82,23 @@ def encode(
         if raw_codes is not None:
             first = first_of_each(raw_codes)
             if exact is None or all(exact(values[i]) for i in first):
-                seen: dict[str, int] = {}
-                remap = np.fromiter(
-                    (seen.setdefault(norm(values[i]), len(seen)) for i in first),
-                    dtype=np.int32,
-                    count=len(first),
-                )
-                codes = remap[raw_codes] if len(raw_codes) else raw_codes
-                return Coded(codes=codes, cats=list(seen), reps=first[first_of_each(remap)])
+                return coded_by_key(raw_codes, first, (norm(values[i]) for i in first))
     strs = [norm(v) for v in values]
     codes, cats = intern_values(strs)
     return Coded(codes=codes, cats=cats, reps=first_of_each(codes))
+
+
+def coded_by_key(raw_codes: np.ndarray, first: np.ndarray, strings: Iterable[str]) -> Coded:
+    """The Coded of a column whose rows hold one string per key: raw_codes
+    numbers each row's key in order of first appearance, first[k] is key k's
+    first row and strings yields key k's string, in key order. Keys that map
+    to one string merge, so the result is what encoding the strings gives."""
+    seen: dict[str, int] = {}
+    remap = np.fromiter(
+        (seen.setdefault(s, len(seen)) for s in strings), dtype=np.int32, count=len(first)
+    )
+    codes = remap[raw_codes] if len(raw_codes) else raw_codes
+    return Coded(codes=codes, cats=list(seen), reps=first[first_of_each(remap)])
 
 
 def marshal_keys(values: Sequence[Any]) -> list[bytes]:

@@ -11,6 +11,7 @@ diagnosis works on one shape only.
 from __future__ import annotations
 
 import itertools
+import marshal
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 from hangwatch.analyzer.coded import (
     Coded,
+    coded_by_key,
     encode,
     first_of_each,
     intern_values,
@@ -423,10 +425,10 @@ def _columns(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
     # Sizes are compared across ranks by their exact text and checked by
     # element count; both are computed once per distinct shape list.
-    list_t = frozenset({list})
-    in_s = encode(col("input_sizes"), sizes_str, types=list_t, keys=marshal_keys)
-    out_s = encode(col("output_sizes"), sizes_str, types=list_t, keys=marshal_keys)
     in_raw, out_raw = col("input_sizes"), col("output_sizes")
+    in_s, out_s, in_dt, out_dt = _shape_columns(
+        in_raw, out_raw, col("input_dtypes"), col("output_dtypes")
+    )
     in_n = np.array([numel(in_raw[i]) for i in in_s.reps], dtype=np.int64)[in_s.codes]
     out_n = np.array([numel(out_raw[i]) for i in out_s.reps], dtype=np.int64)[out_s.codes]
 
@@ -445,16 +447,49 @@ def _columns(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "thread_id": meta.thread_id,
         "input_sizes": in_s,
         "output_sizes": out_s,
-        "input_dtypes": encode(
-            col("input_dtypes"), dtypes_norm, types=list_t, keys=tuple_keys, exact=only_str
-        ),
-        "output_dtypes": encode(
-            col("output_dtypes"), dtypes_norm, types=list_t, keys=tuple_keys, exact=only_str
-        ),
+        "input_dtypes": in_dt,
+        "output_dtypes": out_dt,
         "retired": meta.retired,
         "is_p2p": meta.is_p2p,
         "duration_ms": durations(entries),
     }
+
+
+def _shape_columns(
+    in_sizes: Sequence[Any],
+    out_sizes: Sequence[Any],
+    in_dtypes: Sequence[Any],
+    out_dtypes: Sequence[Any],
+) -> tuple[Coded, Coded, Coded, Coded]:
+    """Input/output sizes and dtypes, normalized once per distinct
+    combination of the four: one marshal key per entry instead of a key and
+    an interning per column (44 -> 20-30 ms per 16,000 entries). Equal
+    marshal bytes are equal values, types included, and each column's Coded
+    depends only on its rows' strings, so each is what encode gives it
+    alone. Anything but lists takes encode's own per-column path."""
+    list_t = frozenset({list})
+    cols = (in_sizes, out_sizes, in_dtypes, out_dtypes)
+    if all(set(map(type, c)) <= list_t for c in cols):
+        try:
+            raw_codes, _ = intern_values(
+                list(map(marshal.dumps, zip(*cols, strict=True), itertools.repeat(2)))
+            )
+        except (TypeError, ValueError):  # unmarshallable, or too deep
+            raw_codes = None
+        if raw_codes is not None:
+            first = first_of_each(raw_codes)
+            return (
+                coded_by_key(raw_codes, first, (sizes_str(in_sizes[i]) for i in first)),
+                coded_by_key(raw_codes, first, (sizes_str(out_sizes[i]) for i in first)),
+                coded_by_key(raw_codes, first, (dtypes_norm(in_dtypes[i]) for i in first)),
+                coded_by_key(raw_codes, first, (dtypes_norm(out_dtypes[i]) for i in first)),
+            )
+    return (
+        encode(in_sizes, sizes_str, types=list_t, keys=marshal_keys),
+        encode(out_sizes, sizes_str, types=list_t, keys=marshal_keys),
+        encode(in_dtypes, dtypes_norm, types=list_t, keys=tuple_keys, exact=only_str),
+        encode(out_dtypes, dtypes_norm, types=list_t, keys=tuple_keys, exact=only_str),
+    )
 
 
 def _finish(

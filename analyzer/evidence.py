@@ -5,7 +5,10 @@ Each one says what the dumps show; none of them decides anything.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -112,12 +115,8 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
                 group=name,
                 group_desc=meta.desc,
                 ranks=list(meta.ranks),
-                min_completed=int(np.nanmin(c.to_numpy()))
-                if c is not None and c.notna().any()
-                else -1,
-                max_enqueued=int(np.nanmax(e.to_numpy()))
-                if e is not None and e.notna().any()
-                else -1,
+                min_completed=_extreme(c, np.min),
+                max_enqueued=_extreme(e, np.max),
                 lagging=sorted(lag_by_group.get(name, set())),
                 membership_known=meta.membership_source != "dumps",
                 membership_source=meta.membership_source,
@@ -127,24 +126,49 @@ def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
     return out
 
 
+def _extreme(s: pd.Series | None, how: Callable[[np.ndarray], Any]) -> int:
+    """The lowest or highest known seq of one group's column; -1 when none is known."""
+    if s is None:
+        return -1
+    v = s.to_numpy()
+    v = v[~np.isnan(v)]
+    return int(how(v)) if len(v) else -1
+
+
 def _positions(comp: pd.Series | None, enq: pd.Series | None) -> list[GroupPosition]:
-    """Members grouped by (last completed, last enqueued) in one group, furthest behind first."""
-    at: dict[tuple[int, int], list[int]] = {}
-    ranks = set(comp.index if comp is not None else ()) | set(enq.index if enq is not None else ())
-    for r in sorted(int(x) for x in ranks):
-        key = (_seq_or_none(comp, r), _seq_or_none(enq, r))
-        at.setdefault(key, []).append(r)
+    """Members grouped by (last completed, last enqueued) in one group, furthest behind first.
+
+    On arrays, not per rank: Series lookups per member cost 0.35 s over
+    1,569 groups at 4,096 ranks.
+    """
+    given = [s for s in (comp, enq) if s is not None]
+    if not given:
+        return []
+    ranks = np.unique(np.concatenate([s.index.to_numpy(dtype=np.int64) for s in given]))
+    if not len(ranks):
+        return []
+    c, e = _seqs(comp, ranks), _seqs(enq, ranks)
+    order = np.lexsort((ranks, e, c))
+    ranks, c, e = ranks[order], c[order], e[order]
+    starts = np.flatnonzero(np.r_[True, (c[1:] != c[:-1]) | (e[1:] != e[:-1])])
+    bounds = [*starts.tolist(), len(ranks)]
     return [
-        GroupPosition(ranks=rs, completed=c, enqueued=max(e, c))
-        for (c, e), rs in sorted(at.items())
+        GroupPosition(
+            ranks=ranks[lo:hi].tolist(), completed=int(c[lo]), enqueued=max(int(e[lo]), int(c[lo]))
+        )
+        for lo, hi in itertools.pairwise(bounds)
     ]
 
 
-def _seq_or_none(s: pd.Series | None, r: int) -> int:
-    if s is None or r not in s.index:
-        return -1
-    v = s[r]
-    return -1 if np.isnan(v) else int(v)
+def _seqs(s: pd.Series | None, ranks: np.ndarray) -> np.ndarray:
+    """s's value per rank of `ranks` (sorted), -1 where s has none or NaN."""
+    out = np.full(len(ranks), -1, dtype=np.int64)
+    if s is None:
+        return out
+    v = s.to_numpy()
+    known = ~np.isnan(v)
+    out[np.searchsorted(ranks, s.index.to_numpy(dtype=np.int64)[known])] = v[known].astype(np.int64)
+    return out
 
 
 def rank_evidence(

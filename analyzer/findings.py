@@ -146,10 +146,11 @@ def wrap_findings(scope: Scope) -> list[Finding]:
     # A tail starts past record 0 by construction: that says nothing
     # about the ring buffer (tail_ranks says where the history went).
     tails = set(scope.loaded.tail_ranks)
+    # Columns zipped, not iterrows: a Series per rank cost 0.13 s at 4,096 ranks.
     wrapped = [
         int(r)
-        for r, row in g.iterrows()
-        if row["first"] > 0 and row["anydone"] and int(r) not in tails
+        for r, first, anydone in zip(g.index, g["first"], g["anydone"], strict=True)
+        if first > 0 and anydone and int(r) not in tails
     ]
     if not wrapped:
         return []

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from hangwatch.analyzer.decode import ParsedDump
 
@@ -155,8 +156,15 @@ def build_groups(
     from_dumps: dict[str, set[int]] = {}
     if len(entries):
         pairs = entries[["group", "rank"]].drop_duplicates()
-        for g, sub in pairs.groupby("group", observed=True):
-            from_dumps.setdefault(str(g), set()).update(int(x) for x in sub["rank"])
+        # One sort and slices of one array: a sub-frame per group cost 0.08 s
+        # for 1,569 groups at 4,096 ranks.
+        codes, names = pd.factorize(pairs["group"])
+        order = np.argsort(codes, kind="stable")
+        codes, ranks = codes[order], pairs["rank"].to_numpy()[order]
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else codes
+        for lo, hi in itertools.pairwise([*starts.tolist(), len(codes)]):
+            if codes[lo] >= 0:  # -1: no group (groupby drops it too)
+                from_dumps.setdefault(str(names[codes[lo]]), set()).update(ranks[lo:hi].tolist())
         dpairs = entries[["group", "group_desc"]].drop_duplicates()
         for g, d in zip(dpairs["group"], dpairs["group_desc"], strict=True):
             if d:

@@ -35,6 +35,7 @@ from hangwatch.analyzer.reading import (
     ProgressCallback,
     choose_dumps,
     concat_columns,
+    gc_paused,
     read_all,
     shift_record_ids,
 )
@@ -138,7 +139,33 @@ def load_dumps(
     the library draws nothing itself.
     """
     del progress
-    root = Path(path)
+    # The load builds 4,096 metas, frames and object columns: with the
+    # collector on it walked them for 0.4-0.55 s at 4,096 ranks (see gc_paused).
+    with gc_paused():
+        return _load(
+            Path(path),
+            prefix=prefix,
+            world_size=world_size,
+            selected_ranks=selected_ranks,
+            workers=workers,
+            max_file_bytes=max_file_bytes,
+            max_entries=max_entries,
+            on_progress=on_progress,
+        )
+
+
+def _load(
+    root: Path,
+    *,
+    prefix: str | None,
+    world_size: int | None,
+    selected_ranks: Iterable[int] | str | None,
+    workers: int | None,
+    max_file_bytes: int,
+    max_entries: int,
+    on_progress: ProgressCallback | None,
+) -> LoadedDumps:
+
     if not root.exists():
         raise FileNotFoundError(f"no such file or directory: {root}")
     selected = parse_ranks(selected_ranks) if selected_ranks is not None else None

@@ -95,8 +95,11 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
         members = sorted(meta.ranks)
         if not members or not set(members) <= scope.dumped:
             continue
-        b = blocked[g].reindex(members).to_numpy()
-        if np.isnan(b).any() or len(set(b.tolist())) != 1:
+        # Arrays, not reindex: a reindex per group cost 0.1 s over 1,569 groups.
+        col = blocked[g]
+        mine = np.isin(col.index.to_numpy(), members)
+        b = col.to_numpy()[mine]
+        if len(b) != len(set(members)) or np.isnan(b).any() or len(set(b.tolist())) != 1:
             continue
         s = int(b[0])
         at = E.loc[

@@ -21,6 +21,7 @@ from fr_dumps import SimJob
 from hangwatch.analyzer.coded import Coded, encode, marshal_keys, only_str, str_or, tuple_keys
 from hangwatch.analyzer.decode import (
     ParsedDump,
+    _shape_columns,
     check_dump,
     decode_dump,
     decode_dumps,
@@ -29,6 +30,7 @@ from hangwatch.analyzer.decode import (
 from hangwatch.analyzer.fields import dtypes_norm, fast_int_column, sizes_str
 from hangwatch.analyzer.loader import load_dumps
 from hangwatch.analyzer.parse import parse_dump_bytes
+from hangwatch.analyzer.reading import _merge_coded
 from hangwatch.analyzer.sniff import DumpFormatError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -49,6 +51,10 @@ _dtypes = st.one_of(
     st.lists(st.one_of(st.text(max_size=3), st.integers(0, 9)), max_size=3),
     st.none(),
     st.text(max_size=3),
+)
+_size_lists = st.lists(_shape, max_size=3)
+_dtype_lists = st.lists(
+    st.one_of(st.sampled_from(["Float", "Half"]), st.integers(0, 2)), max_size=3
 )
 _strings = st.one_of(st.sampled_from(["scheduled", "started", "completed"]), st.none(), _atom)
 
@@ -193,3 +199,47 @@ def test_a_bad_file_in_a_batch_is_its_own_error(tmp_path: Path) -> None:
     loaded = load_dumps(tmp_path)
     assert loaded.ranks_loaded == [1]
     assert [e.error for e in loaded.errors] == ["an entry has no collective_seq_id"]
+
+
+_files_cats = st.lists(
+    st.lists(st.sampled_from(["b", "a", "c", "0", "10", "2", "é", ""]), min_size=1, max_size=12),
+    min_size=1,
+    max_size=6,
+)
+
+
+@FAST
+@given(_files_cats)
+def test_merged_categories_are_ordered_by_first_file_then_string(files: list[list[str]]) -> None:
+    """concat_columns merges every file's strings at once; the order must stay
+    the one a table filled file by file with each file's sorted strings gives."""
+    coded = [encode(v, str, types=frozenset({str})) for v in files]
+    table: dict[str, int] = {}
+    for c in coded:
+        for s in sorted(c.cats):
+            table.setdefault(s, len(table))
+    got = _merge_coded(coded)
+    assert list(got.categories) == list(table)
+    assert list(got) == [s for v in files for s in v]
+
+
+@FAST
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(_size_lists, _size_lists, _dtype_lists, _dtype_lists),
+            st.tuples(_sizes, _sizes, _dtypes, _dtypes),
+        ),
+        max_size=30,
+    )
+)
+def test_shapes_keyed_together_equal_per_value(rows: list[tuple[Any, Any, Any, Any]]) -> None:
+    """Sizes and dtypes share one key per entry: each column must still be
+    its per-value normalization (bools among ints, tuples among lists), and
+    a row of anything but lists sends all four to encode's own path."""
+    cols = [[r[k] for r in rows] for k in range(4)]
+    got = _shape_columns(*cols)
+    for c, values, norm in zip(
+        got, cols, (sizes_str, sizes_str, dtypes_norm, dtypes_norm), strict=True
+    ):
+        _check(c, [norm(v) for v in values])

@@ -7,7 +7,9 @@ person, groups in numeric order, culprits told apart from their waiters.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import re
 import subprocess
 import sys
@@ -118,3 +120,12 @@ def test_group_error_lists_groups_numerically(tmp_path: Path) -> None:
     listed = p.stderr.split("groups: ", 1)[1].strip().split(", ")
     assert listed == sorted(listed, key=group_sort_key) and listed[:3] == ["0", "1", "2"]
     assert "108" in listed and listed.index("33") < listed.index("108")
+
+
+@pytest.mark.parametrize("name", ["mismatch", "p2p", "subgroup"])
+def test_report_dict_is_what_asdict_gives(name: str) -> None:
+    """Report.to_dict skips asdict's deep copies of atoms; nothing else may differ."""
+    report = golden_report(name)
+    d = dataclasses.asdict(report)
+    d["evidence"] = {str(k): v for k, v in sorted(d["evidence"].items())}
+    assert json.dumps(report.to_dict()) == json.dumps({"schema": d.pop("schema"), **d})
