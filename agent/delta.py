@@ -27,6 +27,7 @@ def signature(rp: pb.RankProgress) -> tuple[Any, ...]:
         rp.state,
         rp.finished,
         rp.in_compile,
+        rp.compiler_running,
         tuple(
             (
                 g.group,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Final
 
 from hangwatch import hook_protocol
 from hangwatch.wire import pb, process_state_name
@@ -25,7 +26,10 @@ def process_state(pid: int, starttime: int | None = None) -> int:
 
 
 def process_sample(
-    pid: int, starttime: int | None = None, waits: dict[int, int] | None = None
+    pid: int,
+    starttime: int | None = None,
+    waits: dict[int, int] | None = None,
+    compilers: list[str] | None = None,
 ) -> tuple[int, int]:
     """(`pb.ProcessState`, CPU time in ns, 0 when unknown) from /proc/<pid>/stat.
     With `waits`, also fills it with pid -> ns that process's main thread has
@@ -49,7 +53,7 @@ def process_sample(
     if cpu_ns:
         if waits is not None:
             _note_wait(pid, waits)
-        cpu_ns += _children_cpu_ns(pid, MAX_DESCENDANTS, waits)
+        cpu_ns += _children_cpu_ns(pid, MAX_DESCENDANTS, waits, compilers)
     return _STATE.get(fields[0], pb.PROCESS_STATE_RUNNING), cpu_ns
 
 
@@ -141,23 +145,53 @@ def _cpu_ns(fields: list[str]) -> int:
         return 0
 
 
-def _children_cpu_ns(pid: int, budget: int, waits: dict[int, int] | None = None) -> int:
+def _children_cpu_ns(
+    pid: int,
+    budget: int,
+    waits: dict[int, int] | None = None,
+    compilers: list[str] | None = None,
+) -> int:
     """CPU time of `pid`'s live descendants, each counted with its own reaped
     children, depth first, reading at most `budget` of them. A child that exits
     between two reads is missed for that poll only: its time moves into its
-    parent's once reaped."""
+    parent's once reaped. With `compilers`, appends the names of descendants
+    that are compilers (COMPILERS)."""
     total = 0
     todo = _children(pid)
     while todo and budget > 0:
         child = todo.pop()
         budget -= 1
-        fields = hook_protocol.proc_stat_fields(child)
+        comm, fields = _stat(child)
         if fields:
+            if compilers is not None and comm in COMPILERS:
+                compilers.append(comm)
             total += _cpu_ns(fields)
             if waits is not None:
                 _note_wait(child, waits)
             todo.extend(_children(child))
     return total
+
+
+# Processes that build code: inductor's cpp_builder runs g++ (cc1plus, as,
+# collect2, ld under it) for CPU kernels, triton ptxas for GPU ones; nvcc and
+# clang for extensions. One of them alive under a rank is a compile at work.
+COMPILERS: Final = frozenset(
+    {"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld"}
+    | {"ld.gold", "ld.lld", "collect2", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink"}
+)
+
+
+def _stat(pid: int) -> tuple[str, list[str] | None]:
+    """(command name, the stat fields after it) of a process; fields None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return "", None
+    close = raw.rfind(")")
+    if close < 0:
+        return "", None
+    return raw[raw.find("(") + 1 : close], raw[close + 2 :].split()
 
 
 # Threads of one process whose children are read: bounds a poll's cost for a

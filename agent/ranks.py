@@ -123,6 +123,8 @@ class RankTracker:
     final_status: bool = False
     # Inside torch.compile at the last quiet-period stack sample (agent/quietstack.py).
     in_compile: bool = False
+    # A compiler process ran under the rank at the last poll (procstate.COMPILERS).
+    compiler_running: bool = False
     stack_sampled_at: float = float("-inf")
     # When this agent found the rank (monotonic): a rank with no group yet is
     # quiet since then, not since forever.
@@ -351,6 +353,7 @@ class RankTracker:
             runqueue_wait_ns=self.runqueue.total_ns,
             finished=self.finished,
             in_compile=self.in_compile,
+            compiler_running=self.compiler_running,
         )
 
     # --- entries ----------------------------------------------------------
@@ -438,8 +441,10 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     out = PollResult()
     read_final_status(t, now)
     waits: dict[int, int] = {}
-    state, cpu_ns = process_sample(t.pid, t.info.proc_starttime, waits)
+    compilers: list[str] = []
+    state, cpu_ns = process_sample(t.pid, t.info.proc_starttime, waits, compilers)
     t.cpu_time_ns = t.cpu.update(cpu_ns)
+    t.compiler_running = bool(compilers)
     t.runqueue.update(waits)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):
         t.state = state

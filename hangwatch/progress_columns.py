@@ -26,6 +26,7 @@ from hangwatch.wire import pb
 # ProgressColumns.rank_flags bits.
 FINISHED: Final = 1
 IN_COMPILE: Final = 2
+COMPILER_RUNNING: Final = 4
 # ProgressColumns.cell_flags bits.
 COMPLETION_UNKNOWN: Final = 1
 HAS_COLLECTIVES: Final = 2
@@ -86,7 +87,11 @@ def encode(
     ops: dict[str, int] = {}
     for i, rp in enumerate(rows):
         states.append(rp.state)
-        rank_flags.append((FINISHED if rp.finished else 0) | (IN_COMPILE if rp.in_compile else 0))
+        rank_flags.append(
+            (FINISHED if rp.finished else 0)
+            | (IN_COMPILE if rp.in_compile else 0)
+            | (COMPILER_RUNNING if rp.compiler_running else 0)
+        )
         status_at.append(rp.status_at_ns)
         cpu.append(min(rp.cpu_time_ns, _MAX_COUNT))
         wait.append(min(rp.runqueue_wait_ns, _MAX_COUNT))

@@ -114,6 +114,8 @@ class RankRecord:
     # Inside torch.compile at its agent's last quiet-period stack sample
     # (RankProgress.in_compile): working, while some rank of its job is busy.
     in_compile: bool = False
+    # A compiler process runs under it (RankProgress.compiler_running): work.
+    compiler_running: bool = False
 
 
 @dataclass(slots=True)

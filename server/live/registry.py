@@ -285,7 +285,16 @@ class JobRegistry:
             for rp in req.ranks:
                 r = self._reported_rank(job, agent, rp.rank)
                 demand = rp.cpu_time_ns + rp.runqueue_wait_ns if rp.cpu_time_ns else 0
-                self._apply_rank(r, now, rp.state, rp.finished, rp.fr_age_s, demand, rp.in_compile)
+                self._apply_rank(
+                    r,
+                    now,
+                    rp.state,
+                    rp.finished,
+                    rp.fr_age_s,
+                    demand,
+                    rp.in_compile,
+                    rp.compiler_running,
+                )
                 for gp in rp.groups:
                     coll = (
                         (gp.collectives_enqueued, gp.collectives_completed)
@@ -323,6 +332,7 @@ class JobRegistry:
         fr_age_s: float,
         demand: int,
         in_compile: bool,
+        compiler_running: bool = False,
     ) -> None:
         r.process_state = process_state_name(state)
         r.finished = finished
@@ -331,6 +341,7 @@ class JobRegistry:
         # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
         r.cpu.note(now, demand, self.stall_timeout)
         r.in_compile = in_compile
+        r.compiler_running = compiler_running
 
     def _apply_columns(
         self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns, now: float
@@ -363,6 +374,7 @@ class JobRegistry:
                 age,
                 cpu + wait if cpu else 0,
                 bool(flags & progress_columns.IN_COMPILE),
+                bool(flags & progress_columns.COMPILER_RUNNING),
             )
         moved = False
         ops = c.ops

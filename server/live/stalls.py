@@ -205,7 +205,7 @@ def busy_laggards(
         if not r.in_compile:
             return []
         if anyone_busy is None:
-            anyone_busy = job_cpu_busy(job, stall_timeout)
+            anyone_busy = job_working(job, stall_timeout)
         if not anyone_busy:
             return []
     return list(st.not_entered_ranks)
@@ -217,8 +217,10 @@ def cpu_busy(r: RankRecord, stall_timeout: float) -> bool:
     return cores is not None and cores >= BUSY_CORES
 
 
-def job_cpu_busy(job: JobRecord, stall_timeout: float) -> bool:
-    return any(cpu_busy(r, stall_timeout) for r in job.ranks.values())
+def job_working(job: JobRecord, stall_timeout: float) -> bool:
+    """Some rank of the job is busy on a CPU or runs a compiler process: what
+    makes a rank inside torch.compile count as waiting on work, not hung."""
+    return any(cpu_busy(r, stall_timeout) or r.compiler_running for r in job.ranks.values())
 
 
 def assumed_completed(
@@ -267,7 +269,7 @@ def scan_quiet(
             comp = assumed if rg.completion_unknown and assumed is not None else rg.last_completed
             if rg.last_enqueued > comp and not r.finished:
                 in_flight.add(r.rank)
-    anyone_busy = any(r.in_compile for r in job.ranks.values()) and job_cpu_busy(job, stall_timeout)
+    anyone_busy = any(r.in_compile for r in job.ranks.values()) and job_working(job, stall_timeout)
     ranks = [
         QuietRank(
             rank=r.rank,

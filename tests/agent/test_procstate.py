@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hangwatch.agent.delta import signature
-from hangwatch.agent.procstate import CpuTotal, RunqueueWait, process_sample
+from hangwatch.agent.procstate import CpuTotal, RunqueueWait, _children, process_sample
 
 from hangwatch.wire import pb
 
@@ -188,3 +190,36 @@ def test_cpu_total_adds_increases_and_ignores_falls() -> None:
     assert c.update(900) == 1_500  # a child's 600 left the tree unseen
     assert c.update(1_200) == 1_800  # growth from the new, lower sum counts
     assert c.update(0) == 1_800  # unreadable this poll: the total stays
+
+
+# A rank whose pool thread runs a program (inductor's cpp_builder runs g++
+# from one) while the thread waits for it.
+THREAD_RUNS = (
+    "import subprocess, sys, threading, time\n"
+    "def pool_thread():\n"
+    "    subprocess.run([sys.argv[1], '30'])\n"
+    "threading.Thread(target=pool_thread, daemon=True).start()\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.timeout(30)
+def test_a_compiler_under_a_rank_is_named(tmp_path: Path) -> None:
+    """The compiler is found among the rank's descendants by its name; a
+    sleeper is not a compiler."""
+    sleep = shutil.which("sleep") or "/bin/sleep"
+    cc1plus = tmp_path / "cc1plus"
+    shutil.copy(sleep, cc1plus)
+    for child, want in ((str(cc1plus), ["cc1plus"]), (sleep, [])):
+        p = subprocess.Popen([sys.executable, "-c", THREAD_RUNS, child], start_new_session=True)
+        try:
+            # Until the child is there (it is read as a descendant either way).
+            deadline = time.monotonic() + 10
+            while not _children(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            found: list[str] = []
+            process_sample(p.pid, compilers=found)
+            assert found == want, (child, found)
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

@@ -88,6 +88,7 @@ class Node:
         cpu_ns: dict[int, int] | None = None,
         in_compile: frozenset[int] = frozenset(),
         wait_ns: dict[int, int] | None = None,
+        compiler_running: frozenset[int] = frozenset(),
     ) -> None:
         """seqs: rank -> (last_enqueued, last_completed) in `group`; cpu_ns: rank ->
         its process's CPU time so far (absent: unknown, as from an older agent);
@@ -101,6 +102,7 @@ class Node:
             rp = pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
             rp.cpu_time_ns = (cpu_ns or {}).get(r, 0)
             rp.in_compile = r in in_compile
+            rp.compiler_running = r in compiler_running
             rp.runqueue_wait_ns = (wait_ns or {}).get(r, 0)
             ranks.append(rp)
         self.send(ranks)

@@ -128,15 +128,17 @@ def _working(
     busy: set[int],
     cores: float = 1.0,
     in_compile: frozenset[int] = frozenset(),
+    compiler_running: frozenset[int] = frozenset(),
 ) -> None:
     """Heartbeats with the same numbers; `busy` ranks burn `cores` of CPU meanwhile;
-    `in_compile` as the agents' stack samples say."""
+    `in_compile` as the agents' stack samples say; `compiler_running` as their polls."""
     for _ in range(seconds):
         env.clock.advance(1.0)
         env.cpu_s = getattr(env, "cpu_s", 0.0) + cores
         cpu = {r: int((1.0 + (env.cpu_s if r in busy else 0.0)) * 1e9) for r in range(4)}
-        env.a.report({0: (seq, seq), 1: (seq, seq)}, cpu_ns=cpu, in_compile=in_compile)
-        env.b.report({2: (seq, seq), 3: (seq, seq)}, cpu_ns=cpu, in_compile=in_compile)
+        kw = {"cpu_ns": cpu, "in_compile": in_compile, "compiler_running": compiler_running}
+        env.a.report({0: (seq, seq), 1: (seq, seq)}, **kw)
+        env.b.report({2: (seq, seq), 3: (seq, seq)}, **kw)
         env.manager.tick()
 
 
@@ -191,6 +193,23 @@ def test_ranks_waiting_on_a_shared_compile_are_work_while_it_runs(env: Env) -> N
     _working(env, int(2 * STALL), 0, set(), in_compile=waiting | {0})
     row = env.only_incident()
     assert "ranks 0-3 idle" in row.reason and "compile" not in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
+def test_a_compiler_running_under_a_rank_is_work_whatever_its_cpu(env: Env) -> None:
+    """Measured in a loaded test run: rank 0 ran g++ for inductor and read
+    0.009 cores over 3 s (the compile took 49 s, not 26), ranks 1-2 waited on
+    its cache lock, and the job was paged. A compiler process alive under a
+    rank is work: not paged past the bound; once it is gone and nobody works,
+    paged within a window."""
+    waiting = frozenset({0, 1, 2, 3})
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(3 * BOUND), 0, set(), in_compile=waiting, compiler_running=frozenset({0}))
+    assert env.store.list_incidents() == []
+    _working(env, int(2 * STALL), 0, set(), in_compile=waiting)
+    row = env.only_incident()
+    assert "ranks 0-3 idle" in row.reason, row.reason
 
 
 @pytest.mark.timeout(20)

@@ -100,6 +100,7 @@ def rank_progress(draw: st.DrawFn, rank: int) -> pb.RankProgress:
         runqueue_wait_ns=draw(st.integers(min_value=0, max_value=1 << 40)),
         finished=draw(st.booleans()),
         in_compile=draw(st.booleans()),
+        compiler_running=draw(st.booleans()),
     )
 
 
@@ -121,6 +122,7 @@ def _as_messages(c: progress_columns.Columns, table: list[str]) -> list[pb.RankP
             runqueue_wait_ns=c.runqueue_wait_ns[i],
             finished=bool(c.rank_flags[i] & progress_columns.FINISHED),
             in_compile=bool(c.rank_flags[i] & progress_columns.IN_COMPILE),
+            compiler_running=bool(c.rank_flags[i] & progress_columns.COMPILER_RUNNING),
         )
         for i in range(len(c.rank))
     ]

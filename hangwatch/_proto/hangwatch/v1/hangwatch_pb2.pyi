@@ -147,7 +147,7 @@ class GroupProgress(_message.Message):
     def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ..., collectives_enqueued: _Optional[int] = ..., collectives_completed: _Optional[int] = ...) -> None: ...
 
 class RankProgress(_message.Message):
-    __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns", "cpu_time_ns", "finished", "in_compile", "runqueue_wait_ns")
+    __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns", "cpu_time_ns", "finished", "in_compile", "runqueue_wait_ns", "compiler_running")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class RankProgress(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     IN_COMPILE_FIELD_NUMBER: _ClassVar[int]
     RUNQUEUE_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
+    COMPILER_RUNNING_FIELD_NUMBER: _ClassVar[int]
     rank: int
     state: ProcessState
     groups: _containers.RepeatedCompositeFieldContainer[GroupProgress]
@@ -166,7 +167,8 @@ class RankProgress(_message.Message):
     finished: bool
     in_compile: bool
     runqueue_wait_ns: int
-    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ..., cpu_time_ns: _Optional[int] = ..., finished: _Optional[bool] = ..., in_compile: _Optional[bool] = ..., runqueue_wait_ns: _Optional[int] = ...) -> None: ...
+    compiler_running: bool
+    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ..., cpu_time_ns: _Optional[int] = ..., finished: _Optional[bool] = ..., in_compile: _Optional[bool] = ..., runqueue_wait_ns: _Optional[int] = ..., compiler_running: _Optional[bool] = ...) -> None: ...
 
 class ProgressReport(_message.Message):
     __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks", "clock_offset_ns", "clock_error_ns", "columns")
