@@ -153,19 +153,28 @@ def test_an_early_hang_is_named_within_the_bound(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_a_torch_compile_on_a_shared_cache_is_work_not_a_hang(tmp_path: Path) -> None:
     """Every stage compiles its forward with torch.compile (inductor) before its
-    first step, all on one cold cache: about 13 s here, past the 9 s bound, with
+    first step, all on one cold cache: 26-49 s here, past the 20 s bound, with
     no counter moving. The stage building holds the cache's lock, its compiler
     on a CPU; the others wait for it, idle, which their agent's stack sample
-    reads as torch.compile. No incident; the job ends."""
+    reads as torch.compile. No incident; the job ends.
+
+    The bound is the start-up grace, 20 s, not 3 stall timeouts (9 s): in the
+    first seconds every stage hashes torch's source tree (inductor's
+    `build_code_hash`), bound by the disk, not a CPU. Measured in a full run
+    beside the other test worker's databases and syncs: all three stages read
+    0.035-0.04 cores at 11.9 s and were paged. CPU time and the run queue do
+    not see a process waiting on I/O; until the agent reports I/O progress,
+    that phase is covered by the start-up grace, as on a real cluster whose
+    environment sits on a network filesystem (docs/operations.md)."""
     job_id = "pipe-compile"
-    args = ("--startup-grace", "1")  # the bound: 3 stall timeouts, 9 s
+    args = ("--startup-grace", "20")  # the bound: the grace, past 3 stall timeouts (9 s)
     plan = {"compile": "1", "steps": "40", "step_s": "0.02"}
     with _watched(tmp_path, job_id, args, **plan) as (coord, agent, job):
         assert job.wait(90) == 0, (tmp_path / "job.log").read_text()[-3000:]
         assert coord.api(f"/api/incidents?job={job_id}") == []
         agent.check()
     took = [float((tmp_path / f"compiled_{r}").read_text()) for r in range(WORLD)]
-    print(f"compile took {took} s; bound {3 * STALL_TIMEOUT:.0f} s")
+    print(f"compile took {took} s; bound 20 s")
     # The agent saw a stage inside torch.compile (agent/quietstack.py).
     assert "inside torch.compile" in (tmp_path / "agent.log").read_text()
 
