@@ -161,8 +161,9 @@ def _children_cpu_ns(
     while todo and budget > 0:
         child = todo.pop()
         budget -= 1
-        comm, fields = _stat(child)
-        if fields:
+        got = hook_protocol.proc_stat(child)
+        if got is not None and got[1]:
+            comm, fields = got
             if compilers is not None and comm in COMPILERS:
                 compilers.append(comm)
             total += _cpu_ns(fields)
@@ -179,19 +180,6 @@ COMPILERS: Final = frozenset(
     {"cc1plus", "cc1", "g++", "gcc", "c++", "cc", "clang", "clang++", "as", "ld"}
     | {"ld.gold", "ld.lld", "collect2", "nvcc", "ptxas", "cicc", "fatbinary", "nvlink"}
 )
-
-
-def _stat(pid: int) -> tuple[str, list[str] | None]:
-    """(command name, the stat fields after it) of a process; fields None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return "", None
-    close = raw.rfind(")")
-    if close < 0:
-        return "", None
-    return raw[raw.find("(") + 1 : close], raw[close + 2 :].split()
 
 
 # Threads of one process whose children are read: bounds a poll's cost for a

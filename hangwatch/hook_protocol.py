@@ -66,7 +66,13 @@ def fr_dump_prefix(run_dir: str) -> str:
 
 
 def proc_stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (field 3 onwards), or None if gone.
+    """Fields of /proc/<pid>/stat after the command name (field 3 onwards), or None if gone."""
+    got = proc_stat(pid)
+    return None if got is None else got[1]
+
+
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of /proc/<pid>/stat, or None if gone.
 
     The command name is in parentheses and may itself contain spaces or
     parentheses, so split after the last ')'.
@@ -79,7 +85,7 @@ def proc_stat_fields(pid: int) -> list[str] | None:
     close = raw.rfind(")")
     if close < 0:
         return None
-    return raw[close + 2 :].split()
+    return raw[raw.find("(") + 1 : close], raw[close + 2 :].split()
 
 
 def proc_starttime(pid: int) -> int | None:
