@@ -8,6 +8,7 @@ touches it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from hangwatch.server.live.commands import Command
 from hangwatch import formats
 from hangwatch.formats import MissingReason, nodearchive
 from hangwatch.wire import pb
+
+log = logging.getLogger("hangwatch.server")
 
 # Reasons that mean "nobody could look at this rank", as opposed to a rank
 # whose own process refused a dump (frozen, gone): the former are unobserved,
@@ -35,7 +38,11 @@ def fr_stored(bundle: Path, ranks: Iterable[int]) -> set[int]:
     ranks = list(ranks)
     if not ranks:
         return set()
-    archived, _ = nodearchive.index(bundle)
+    archived, unreadable = nodearchive.index(bundle)
+    for path, why in unreadable:
+        # Checked whole when stored: unreadable now is damage on disk, and its
+        # ranks count as not dumped.
+        log.warning("incident %s: node archive %s unreadable: %s", bundle.name, path.name, why)
     out: set[int] = set()
     for r in ranks:
         names = (f"{formats.FR_FILE_PREFIX}{r}", f"{formats.FR_TAIL_PREFIX}{r}")

@@ -9,6 +9,7 @@ the part of that dedupe that survives a coordinator restart.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +174,8 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     )
 
 
+log = logging.getLogger("hangwatch.server")
+
 NO_PROGRESS: Final = TriggerKind.NO_PROGRESS
 # The key a no-progress incident covers: one per quiet period, named by how
 # many moves the job had made when it went quiet (a later quiet period is a
@@ -274,7 +277,8 @@ def _some_metas(bundle: Path) -> Iterator[bytes]:
                 for m in nodearchive.list_members(path):
                     if m.name == formats.META_FILE:
                         yield nodearchive.read(m, formats.MAX_RANKMETA_BYTES)
-            except nodearchive.ArchiveError:
+            except nodearchive.ArchiveError as e:
+                log.debug("%s: skipped for the restart check: %s", path, e)
                 continue
     finally:
         nodearchive.release()

@@ -241,3 +241,18 @@ def test_a_node_archive_on_upload_bundle_is_refused(
         stub.UploadBundle(iter(cs), timeout=10)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "UploadFiles" in (e.value.details() or "")
+
+
+@pytest.mark.timeout(30)
+def test_an_archive_damaged_on_disk_counts_its_ranks_as_not_dumped_and_says_so(
+    coordinator: Coordinator, stub: rpc.CoordinatorStub, caplog: pytest.LogCaptureFixture
+) -> None:
+    iid = _incident(coordinator, list(range(8)))
+    members = [(r, f"fr_tail_rank_{r}", b"tail" * 100) for r in range(8)]
+    stub.UploadFiles(pack_chunks(_archive(iid, members), 64 * 1024), timeout=10)
+    bundle = coordinator.store.incident_dir(iid)
+    [path] = nodearchive.archives(bundle)
+    assert fr_stored(bundle, range(8)) == set(range(8))
+    path.write_bytes(path.read_bytes()[:50])
+    assert fr_stored(bundle, range(8)) == set()
+    assert "node archive node_0.zip unreadable" in caplog.text
