@@ -117,6 +117,9 @@ class RankTracker:
     cpu_time_ns: int = 0  # the process tree's CPU time at the last poll, only growing (0 = unknown)
     cpu: CpuTotal = field(default_factory=CpuTotal)
     runqueue: RunqueueWait = field(default_factory=RunqueueWait)
+    # Storage bytes its process tree read and wrote, only growing (0 = unknown).
+    io_bytes: int = 0
+    io: CpuTotal = field(default_factory=CpuTotal)
     # Where the hook leaves its numbers as the rank exits (hook_protocol.final_status_path;
     # "" = not looked for), and whether they were applied.
     final_status_path: str = ""
@@ -354,6 +357,7 @@ class RankTracker:
             finished=self.finished,
             in_compile=self.in_compile,
             compiler_running=self.compiler_running,
+            io_bytes=self.io_bytes,
         )
 
     # --- entries ----------------------------------------------------------
@@ -442,8 +446,10 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     read_final_status(t, now)
     waits: dict[int, int] = {}
     compilers: list[str] = []
-    state, cpu_ns = process_sample(t.pid, t.info.proc_starttime, waits, compilers)
+    io: list[int] = []
+    state, cpu_ns = process_sample(t.pid, t.info.proc_starttime, waits, compilers, io)
     t.cpu_time_ns = t.cpu.update(cpu_ns)
+    t.io_bytes = t.io.update(sum(io))
     t.compiler_running = bool(compilers)
     t.runqueue.update(waits)
     if state in (pb.PROCESS_STATE_GONE, pb.PROCESS_STATE_ZOMBIE):

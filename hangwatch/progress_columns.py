@@ -77,6 +77,7 @@ def encode(
     status_at: list[int] = []
     cpu: list[int] = []
     wait: list[int] = []
+    io: list[int] = []
     cell_rank: list[int] = []
     cell_group: list[int] = []
     cell_flags: list[int] = []
@@ -95,6 +96,7 @@ def encode(
         status_at.append(rp.status_at_ns)
         cpu.append(min(rp.cpu_time_ns, _MAX_COUNT))
         wait.append(min(rp.runqueue_wait_ns, _MAX_COUNT))
+        io.append(min(rp.io_bytes, _MAX_COUNT))
         for gp in rp.groups:
             coll = gp.HasField("collectives_enqueued")
             flight = gp.HasField("oldest_in_flight")
@@ -129,6 +131,7 @@ def encode(
             in_flight_age_s=_pack("d", ages),
             in_flight_op=_pack("H", op_index),
             ops=list(ops),
+            rank_io=_pack("q", io),
         ),
         rest,
     )
@@ -145,6 +148,7 @@ class Columns(NamedTuple):
     status_at_ns: tuple[int, ...]
     cpu_time_ns: tuple[int, ...]
     runqueue_wait_ns: tuple[int, ...]
+    io_bytes: tuple[int, ...]  # all 0 (unknown) from an agent older than the column
     fr_age_s: tuple[float, ...]
     cell_rank: tuple[int, ...]
     cell_group: tuple[int, ...]
@@ -183,6 +187,7 @@ def decode(msg: pb.ProgressColumns) -> Columns:
     codes = _unpack(msg.rank_codes, "rank_codes", "B", 1, 2 * r)
     rc = _unpack(msg.rank_counts, "rank_counts", "q", 8, RANK_COUNTS * r)
     fr_age = _unpack(msg.fr_age_s, "fr_age_s", "d", 8, r)
+    io = _unpack(msg.rank_io, "rank_io", "q", 8, r) if msg.rank_io else (0,) * r
     raw = msg.cell_rank
     if len(raw) % 2:
         raise ColumnsError(f"columns.cell_rank: {len(raw)} bytes, not a multiple of 2")
@@ -209,6 +214,7 @@ def decode(msg: pb.ProgressColumns) -> Columns:
         status_at_ns=rc[:r],
         cpu_time_ns=rc[r : 2 * r],
         runqueue_wait_ns=rc[2 * r :],
+        io_bytes=io,
         fr_age_s=fr_age,
         cell_rank=cell_rank,
         cell_group=cell_group,

@@ -140,7 +140,7 @@ def stall_trigger(stalls: list[StalledGroup], fresh: list[StalledGroup], now: fl
     if first.busy_ranks:
         # Deferred as work (stalls.busy_laggards): say why it took longer.
         cpu = [r for r in first.busy_ranks if r not in first.compiling_ranks]
-        how = [f"ranks {format_ranks(cpu)} busy on a CPU"] if cpu else []
+        how = [f"ranks {format_ranks(cpu)} busy on a CPU or storage"] if cpu else []
         if first.compiling_ranks:
             how.append(f"ranks {format_ranks(first.compiling_ranks)} inside torch.compile")
         reason += (
@@ -221,6 +221,7 @@ def quiet_trigger(quiet: JobQuiet, now: float) -> Trigger:
             "busy_ranks": quiet.busy_ranks,
             "compiling_ranks": quiet.compiling_ranks,
             "cores": {str(r): c for r, c in quiet.cores.items()},
+            "io_mib_s": {str(r): v for r, v in quiet.io_mib_s.items()},
         },
     )
 

@@ -156,6 +156,14 @@ QUIET_BOUND_FACTOR: Final = 3.0
 # waiting in gloo or on a lock uses well under 1%; the Python interpreter doing
 # anything at all (compiling, pickling, a Python loop) uses most of one.
 BUSY_CORES: Final = 0.25
+# A rank moving at least this much to or from storage is working too: a
+# process waiting on a disk or a network filesystem uses no CPU (measured:
+# ranks hashing torch's source tree at the start of torch.compile, the disk
+# shared with a database's syncfs, read 0.035-0.04 cores for 12 s), and a
+# checkpoint written to a slow filesystem looks the same. A hung rank's
+# logging thread writes kilobytes a second; a checkpoint or a cold read,
+# tens to thousands of MiB.
+BUSY_IO_BYTES_S: Final = 1 << 20
 
 
 def quiet_bound(stall_timeout: float, startup_grace: float) -> float:
@@ -169,15 +177,21 @@ class QuietRank:
     observed: bool = True
     process_state: str = "running"
     in_flight: bool = False  # inside a collective of some group, as far as its numbers tell
-    # CPU cores it used lately (records.CpuWindow); None = unknown.
+    # CPU cores it used lately (records.RateWindow); None = unknown.
     cores: float | None = None
+    # Storage bytes a second it read and wrote lately; None = unknown.
+    io_bytes_s: float | None = None
     # Inside torch.compile while some rank of the job is busy on a CPU
     # (stalls.busy_laggards): waiting on that rank's compile, which is work.
     compiling: bool = False
 
     @property
     def busy(self) -> bool:
-        return self.compiling or (self.cores is not None and self.cores >= BUSY_CORES)
+        return (
+            self.compiling
+            or (self.cores is not None and self.cores >= BUSY_CORES)
+            or (self.io_bytes_s is not None and self.io_bytes_s >= BUSY_IO_BYTES_S)
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -192,12 +206,14 @@ class JobQuiet:
     # "rhythm": a steady job went quiet past its own rhythm; "bound": any job
     # quiet past quiet_bound with someone idle (early hangs, long rhythms).
     rule: str = "rhythm"
-    idle_ranks: list[int] = field(default_factory=list)  # under BUSY_CORES, or unknown
+    idle_ranks: list[int] = field(default_factory=list)  # under BUSY_CORES and BUSY_IO_BYTES_S
     busy_ranks: list[int] = field(default_factory=list)
     compiling_ranks: list[int] = field(default_factory=list)  # of busy_ranks: in torch.compile
     # The CPU cores each rank used lately as the rule read them (None:
     # unknown), for the first CORES_SHOWN ranks: what made a rank idle.
     cores: dict[int, float | None] = field(default_factory=dict)
+    # Likewise their storage I/O, MiB a second.
+    io_mib_s: dict[int, float | None] = field(default_factory=dict)
 
 
 # Ranks whose CPU reading a no-progress trigger records: enough for a node or
@@ -249,6 +265,10 @@ def find_job_quiet(
         compiling_ranks=sorted(r.rank for r in ranks if r.compiling),
         cores={
             r.rank: None if r.cores is None else round(r.cores, 3)
+            for r in sorted(ranks, key=lambda r: r.rank)[:CORES_SHOWN]
+        },
+        io_mib_s={
+            r.rank: None if r.io_bytes_s is None else round(r.io_bytes_s / (1 << 20), 3)
             for r in sorted(ranks, key=lambda r: r.rank)[:CORES_SHOWN]
         },
     )

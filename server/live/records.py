@@ -53,43 +53,49 @@ class RankGroupRecord:
 
 
 @dataclass(slots=True)
-class CpuWindow:
-    """A rank's CPU time at two moments at least half a window apart, and now:
-    how busy it has been lately, in O(1) per rank (32,768 ranks keep 6 numbers
-    each, not a history)."""
+class RateWindow:
+    """A growing counter (a rank's CPU time, its storage bytes) at two moments
+    at least half a window apart, and now: how fast it grew lately, in O(1) per
+    rank (32,768 ranks keep 7 numbers each per counter, not a history)."""
 
     older_t: float = 0.0
-    older_ns: int = 0
+    older_v: int = 0
     newer_t: float = 0.0
-    newer_ns: int = 0
+    newer_v: int = 0
     latest_t: float = 0.0
-    latest_ns: int = 0
+    latest_v: int = 0
+    seen: bool = False  # a reading since the last start-over
 
-    def note(self, now: float, cpu_ns: int, window_s: float) -> None:
-        if cpu_ns <= 0 or cpu_ns < self.latest_ns:
-            # Unknown (an older agent), or a new process behind the same rank:
-            # start over rather than read a negative rate. On the per-report
-            # path: nothing to do for a rank that never had a reading.
-            if self.latest_ns:
+    def note(self, now: float, value: int, window_s: float, *, zero_known: bool = False) -> None:
+        """Take a reading. A fall is a new process behind the same rank: start
+        over rather than read a negative rate. 0 is "unknown" (an older agent)
+        unless `zero_known`: storage I/O is 0 for a rank that never touched a
+        disk, and unknown I/O and none mean the same to the rules (no work)."""
+        known = value > 0 or (value == 0 and zero_known)
+        if not known or value < self.latest_v:
+            # On the per-report path: nothing to do for a rank with no reading.
+            if self.seen:
                 self.older_t = self.newer_t = self.latest_t = 0.0
-                self.older_ns = self.newer_ns = self.latest_ns = 0
-            if cpu_ns <= 0:
+                self.older_v = self.newer_v = self.latest_v = 0
+                self.seen = False
+            if not known:
                 return
-        if self.latest_ns == 0:
+        if not self.seen:
             self.older_t = self.newer_t = now
-            self.older_ns = self.newer_ns = cpu_ns
+            self.older_v = self.newer_v = value
+            self.seen = True
         elif now - self.newer_t >= window_s / 2:
-            self.older_t, self.older_ns = self.newer_t, self.newer_ns
-            self.newer_t, self.newer_ns = now, cpu_ns
-        self.latest_t, self.latest_ns = now, cpu_ns
+            self.older_t, self.older_v = self.newer_t, self.newer_v
+            self.newer_t, self.newer_v = now, value
+        self.latest_t, self.latest_v = now, value
 
-    def cores(self, min_span_s: float) -> float | None:
-        """CPU cores used on average over the last half window to window and a
-        half; None while the samples span less than `min_span_s`."""
+    def rate(self, min_span_s: float) -> float | None:
+        """The counter's growth per second, averaged over the last half window
+        to window and a half; None while the readings span less than `min_span_s`."""
         span = self.latest_t - self.older_t
-        if self.latest_ns == 0 or span < max(min_span_s, 1e-3):
+        if not self.seen or span < max(min_span_s, 1e-3):
             return None
-        return (self.latest_ns - self.older_ns) / 1e9 / span
+        return (self.latest_v - self.older_v) / span
 
 
 @dataclass(slots=True)
@@ -110,7 +116,10 @@ class RankRecord:
     fr_age_s: float | None = None
     last_report: float | None = None
     groups: dict[str, RankGroupRecord] = field(default_factory=dict)
-    cpu: CpuWindow = field(default_factory=CpuWindow)
+    # CPU time plus run-queue wait, ns (RankProgress.cpu_time_ns, runqueue_wait_ns).
+    cpu: RateWindow = field(default_factory=RateWindow)
+    # Storage bytes read and written (RankProgress.io_bytes).
+    io: RateWindow = field(default_factory=RateWindow)
     # Inside torch.compile at its agent's last quiet-period stack sample
     # (RankProgress.in_compile): working, while some rank of its job is busy.
     in_compile: bool = False

@@ -294,6 +294,7 @@ class JobRegistry:
                     demand,
                     rp.in_compile,
                     rp.compiler_running,
+                    rp.io_bytes,
                 )
                 for gp in rp.groups:
                     coll = (
@@ -333,6 +334,7 @@ class JobRegistry:
         demand: int,
         in_compile: bool,
         compiler_running: bool = False,
+        io_bytes: int = 0,
     ) -> None:
         r.process_state = process_state_name(state)
         r.finished = finished
@@ -340,6 +342,7 @@ class JobRegistry:
         r.last_report = now
         # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
         r.cpu.note(now, demand, self.stall_timeout)
+        r.io.note(now, io_bytes, self.stall_timeout, zero_known=True)
         r.in_compile = in_compile
         r.compiler_running = compiler_running
 
@@ -355,13 +358,14 @@ class JobRegistry:
                 f" {len(table)} groups"
             )
         rows: list[RankRecord] = []
-        for rank, state, flags, age, cpu, wait in zip(
+        for rank, state, flags, age, cpu, wait, io in zip(
             c.rank,
             c.state,
             c.rank_flags,
             c.fr_age_s,
             c.cpu_time_ns,
             c.runqueue_wait_ns,
+            c.io_bytes,
             strict=True,
         ):
             r = self._reported_rank(job, agent, rank)
@@ -375,6 +379,7 @@ class JobRegistry:
                 cpu + wait if cpu else 0,
                 bool(flags & progress_columns.IN_COMPILE),
                 bool(flags & progress_columns.COMPILER_RUNNING),
+                io,
             )
         moved = False
         ops = c.ops

@@ -124,9 +124,10 @@ class StalledState(BaseModel):
     over_timeout: bool
     busy_ranks: list[int] = Field(
         default_factory=list,
-        description="The not-entered ranks, when every one is working: busy on a CPU (an "
-        "evaluation, a checkpoint on one rank), or inside torch.compile while some rank of the "
-        "job is busy. The stall opens an incident only at timeout_s, three stall timeouts.",
+        description="The not-entered ranks, when every one is working: busy on a CPU or on "
+        "storage (an evaluation, a checkpoint on one rank), or inside torch.compile while some "
+        "rank of the job is busy. The stall opens an incident only at timeout_s, three stall "
+        "timeouts.",
     )
     compiling_ranks: list[int] = Field(
         default_factory=list,

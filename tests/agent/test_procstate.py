@@ -93,6 +93,8 @@ def test_a_gone_process_has_no_cpu_and_cpu_is_not_a_change() -> None:
     one = pb.RankProgress(rank=0, cpu_time_ns=1)
     two = pb.RankProgress(rank=0, cpu_time_ns=2_000_000_000)
     assert signature(one) == signature(two)
+    # Nor is storage I/O.
+    assert signature(pb.RankProgress(rank=0, io_bytes=1 << 30)) == signature(one)
 
 
 @pytest.mark.timeout(30)
@@ -223,3 +225,81 @@ def test_a_compiler_under_a_rank_is_named(tmp_path: Path) -> None:
         finally:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+# A rank whose child writes to storage when told to, then exits and is reaped,
+# the rank living on: a checkpoint writer, a compile worker reading sources.
+WRITER = (
+    "import os, sys, time\n"
+    "go, out = sys.argv[1:3]\n"
+    "open(out + '.ready', 'w').close()\n"
+    "while not os.path.exists(go): time.sleep(0.01)\n"
+    "with open(out, 'wb') as f:\n"
+    "    f.write(os.urandom(8 << 20)); f.flush(); os.fsync(f.fileno())\n"
+    "os.rename(out + '.ready', out + '.done')\n"
+)
+WAITS_ON_CHILD = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c'] + sys.argv[1:]).wait()\n"
+    "time.sleep(30)\n"
+)
+# Its logging thread's kind of output: a line at a time to a pipe.
+PRINTS = "import time\nfor _ in range(3000):\n    print('step', flush=True)\ntime.sleep(30)\n"
+
+
+def _io(pid: int) -> int:
+    io: list[int] = []
+    process_sample(pid, io=io)
+    return sum(io)
+
+
+def _until(path: Path) -> None:
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+def test_storage_io_under_a_rank_is_counted_and_stays_when_its_child_is_reaped(
+    tmp_path: Path,
+) -> None:
+    """8 MiB written and synced by the rank's child count as the rank's I/O
+    (the tree's read_bytes + write_bytes) while the child lives, and once it
+    is reaped its bytes are its parent's (the kernel folds them in, as it does
+    CPU time), so the rank's total never falls. Output to a pipe is not
+    storage I/O: a rank printing 3,000 lines reads as none."""
+    out = tmp_path / "ckpt"
+    p = subprocess.Popen(
+        [sys.executable, "-c", WAITS_ON_CHILD, WRITER, str(tmp_path / "go"), str(out)],
+        start_new_session=True,
+    )
+    printer = subprocess.Popen(
+        [sys.executable, "-c", PRINTS], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _until(Path(f"{out}.ready"))
+        total = CpuTotal()
+        before = total.update(_io(p.pid))
+        (tmp_path / "go").touch()
+        _until(Path(f"{out}.done"))
+        written = total.update(_io(p.pid)) - before
+        assert written >= 8 << 20, written
+        p_after = _io(p.pid)
+        deadline = time.monotonic() + 20
+        while _children(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child is reaped
+            p_after = _io(p.pid)
+        assert not _children(p.pid)
+        assert p_after >= before + (8 << 20), (before, p_after)  # the parent's own count now
+        assert total.update(p_after) >= before + written
+        assert printer.stdout is not None
+        lines = sum(1 for _ in zip(range(3000), printer.stdout, strict=False))
+        assert lines == 3000
+        assert _io(printer.pid) == 0
+    finally:
+        for q in (p, printer):
+            os.killpg(q.pid, signal.SIGKILL)
+            q.wait()
+        if printer.stdout is not None:
+            printer.stdout.close()

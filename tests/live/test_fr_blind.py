@@ -163,9 +163,13 @@ def test_a_torch_compile_on_a_shared_cache_is_work_not_a_hang(tmp_path: Path) ->
     `build_code_hash`), bound by the disk, not a CPU. Measured in a full run
     beside the other test worker's databases and syncs: all three stages read
     0.035-0.04 cores at 11.9 s and were paged. CPU time and the run queue do
-    not see a process waiting on I/O; until the agent reports I/O progress,
-    that phase is covered by the start-up grace, as on a real cluster whose
-    environment sits on a network filesystem (docs/operations.md)."""
+    not see a process waiting on I/O. The agent now reports storage I/O
+    (RankProgress.io_bytes) and a rank moving a MiB a second is working, but
+    whether that phase's waits are reads that reach the disk, or something
+    storage accounting does not see (a writeback stall, a directory lock), was
+    not measured in that run; so the phase stays covered by the start-up grace,
+    as on a real cluster whose environment sits on a network filesystem
+    (docs/operations.md)."""
     job_id = "pipe-compile"
     args = ("--startup-grace", "20")  # the bound: the grace, past 3 stall timeouts (9 s)
     plan = {"compile": "1", "steps": "40", "step_s": "0.02"}

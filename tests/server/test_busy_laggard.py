@@ -29,10 +29,12 @@ def _seconds(
     *,
     late: frozenset[int] = frozenset({3}),
     in_compile: frozenset[int] = frozenset(),
+    io_mib_s: dict[int, float] | None = None,
 ) -> None:
     """Heartbeats, one a second: the `late` ranks not entered in collective SEQ
     (or, with `entered`, inside it too), the others inside it; each rank burns
-    `cores` of CPU (0 if absent); `in_compile` as the agents' stack samples say."""
+    `cores` of CPU (0 if absent); `in_compile` as the agents' stack samples say;
+    each rank moves `io_mib_s` MiB a second to or from storage (0 if absent)."""
     cpu: dict[int, float] = env.__dict__.setdefault("cpu_s", {r: 1.0 for r in range(4)})
     if not env.__dict__.setdefault("entered_at_start", False):
         # The waiting ranks sat down in SEQ as the job registered: the stall's
@@ -46,11 +48,15 @@ def _seconds(
         for r in range(4):
             cpu[r] += cores.get(r, 0.0)
         ns = {r: int(cpu[r] * 1e9) for r in range(4)}
+        io: dict[int, int] = env.__dict__.setdefault("io_bytes", {r: 0 for r in range(4)})
+        for r in range(4):
+            io[r] += int((io_mib_s or {}).get(r, 0.0) * (1 << 20))
         seqs = {
             r: (SEQ - 1, SEQ - 1) if r in late and not entered else (SEQ, SEQ - 1) for r in range(4)
         }
-        env.a.report({r: seqs[r] for r in (0, 1)}, cpu_ns=ns, in_compile=in_compile)
-        env.b.report({r: seqs[r] for r in (2, 3)}, cpu_ns=ns, in_compile=in_compile)
+        kw = {"cpu_ns": ns, "in_compile": in_compile, "io_bytes": dict(io)}
+        env.a.report({r: seqs[r] for r in (0, 1)}, **kw)
+        env.b.report({r: seqs[r] for r in (2, 3)}, **kw)
         env.manager.tick()
 
 
@@ -71,7 +77,29 @@ def test_a_busy_laggard_is_paged_at_the_bound_not_the_stall_timeout(env: Env) ->
     row = env.only_incident()
     assert row.trigger == "stall"
     assert row.reason.startswith("group 0 stalled at seq 5 (all_reduce): ranks 0-2 waiting, ")
-    _paged_at_the_bound(row.reason, "ranks 3 busy on a CPU")
+    _paged_at_the_bound(row.reason, "ranks 3 busy on a CPU or storage")
+
+
+@pytest.mark.timeout(20)
+def test_a_laggard_writing_a_checkpoint_to_slow_storage_is_work(env: Env) -> None:
+    """Rank 3 writes a checkpoint to a network filesystem while its peers wait
+    in the next all_reduce: a twentieth of a core, 40 MiB/s to storage. Working:
+    paged at the bound for busy ranks, not at the stall timeout. The same rank
+    with a logging thread's trickle (16 KiB/s) is idle."""
+    _seconds(env, int(BUSY_BOUND) - 1, {3: 0.05}, io_mib_s={3: 40.0})
+    assert env.store.list_incidents() == []
+    [st] = env.registry.stalls(JOB)
+    assert (st.busy_ranks, st.timeout_s) == ([3], BUSY_BOUND)
+    _seconds(env, 1, {3: 0.05}, io_mib_s={3: 40.0})
+    _paged_at_the_bound(env.only_incident().reason, "ranks 3 busy on a CPU or storage")
+
+
+@pytest.mark.timeout(20)
+def test_a_trickle_of_storage_io_is_idle(env: Env) -> None:
+    _seconds(env, int(STALL), {3: 0.05}, io_mib_s={3: 1 / 64})
+    row = env.only_incident()
+    assert "busy" not in row.reason, row.reason
+    assert row.reason.endswith(f"no progress for {STALL:.1f}s"), row.reason
 
 
 @pytest.mark.timeout(20)
@@ -125,7 +153,8 @@ def test_a_laggard_waiting_on_a_peers_compile_is_work_until_the_bound(env: Env) 
     assert (st.busy_ranks, st.compiling_ranks, st.timeout_s) == ([2, 3], [3], BUSY_BOUND)
     _seconds(env, 1, {2: 1.0}, late=late, in_compile=compiling)
     _paged_at_the_bound(
-        env.only_incident().reason, "ranks 2 busy on a CPU and ranks 3 inside torch.compile"
+        env.only_incident().reason,
+        "ranks 2 busy on a CPU or storage and ranks 3 inside torch.compile",
     )
 
 

@@ -89,11 +89,13 @@ class Node:
         in_compile: frozenset[int] = frozenset(),
         wait_ns: dict[int, int] | None = None,
         compiler_running: frozenset[int] = frozenset(),
+        io_bytes: dict[int, int] | None = None,
     ) -> None:
         """seqs: rank -> (last_enqueued, last_completed) in `group`; cpu_ns: rank ->
         its process's CPU time so far (absent: unknown, as from an older agent);
         in_compile: ranks the agent's last stack sample found inside torch.compile;
-        wait_ns: rank -> its time runnable but waiting for a CPU so far."""
+        wait_ns: rank -> its time runnable but waiting for a CPU so far;
+        io_bytes: rank -> storage bytes read and written so far."""
         ranks = []
         for r, (enq, comp) in seqs.items():
             gp = pb.GroupProgress(group=group, last_enqueued=enq, last_completed=comp)
@@ -104,6 +106,7 @@ class Node:
             rp.in_compile = r in in_compile
             rp.compiler_running = r in compiler_running
             rp.runqueue_wait_ns = (wait_ns or {}).get(r, 0)
+            rp.io_bytes = (io_bytes or {}).get(r, 0)
             ranks.append(rp)
         self.send(ranks)
 

@@ -129,14 +129,24 @@ def _working(
     cores: float = 1.0,
     in_compile: frozenset[int] = frozenset(),
     compiler_running: frozenset[int] = frozenset(),
+    io_mib_s: dict[int, float] | None = None,
 ) -> None:
     """Heartbeats with the same numbers; `busy` ranks burn `cores` of CPU meanwhile;
-    `in_compile` as the agents' stack samples say; `compiler_running` as their polls."""
+    `in_compile` as the agents' stack samples say; `compiler_running` as their polls;
+    each rank moves `io_mib_s` MiB a second to or from storage (0 if absent)."""
     for _ in range(seconds):
         env.clock.advance(1.0)
         env.cpu_s = getattr(env, "cpu_s", 0.0) + cores
         cpu = {r: int((1.0 + (env.cpu_s if r in busy else 0.0)) * 1e9) for r in range(4)}
-        kw = {"cpu_ns": cpu, "in_compile": in_compile, "compiler_running": compiler_running}
+        io: dict[int, int] = env.__dict__.setdefault("io_bytes", {r: 0 for r in range(4)})
+        for r in range(4):
+            io[r] += int((io_mib_s or {}).get(r, 0.0) * (1 << 20))
+        kw = {
+            "cpu_ns": cpu,
+            "in_compile": in_compile,
+            "compiler_running": compiler_running,
+            "io_bytes": dict(io),
+        }
         env.a.report({0: (seq, seq), 1: (seq, seq)}, **kw)
         env.b.report({2: (seq, seq), 3: (seq, seq)}, **kw)
         env.manager.tick()
@@ -210,6 +220,37 @@ def test_a_compiler_running_under_a_rank_is_work_whatever_its_cpu(env: Env) -> N
     _working(env, int(2 * STALL), 0, set(), in_compile=waiting)
     row = env.only_incident()
     assert "ranks 0-3 idle" in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
+def test_ranks_waiting_on_storage_are_working_not_idle(env: Env) -> None:
+    """Measured in a loaded test run: three ranks hashing torch's source tree at
+    the start of torch.compile, on a disk shared with a database's syncfs, read
+    0.035-0.04 cores for 12 s and were paged. Ranks that move MiBs a second to or
+    from storage are working: not paged past the bound, whatever their CPU. When
+    the reads stop (a rank blocked for good) the job is paged within a window,
+    and the trigger records what each rank read."""
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    everyone = {0, 1, 2, 3}
+    disk = {r: 3.0 for r in everyone}
+    _working(env, int(3 * BOUND), 0, everyone, cores=0.04, io_mib_s=disk)
+    assert env.store.list_incidents() == []
+    _working(env, int(2 * STALL), 0, everyone, cores=0.04)
+    row = env.only_incident()
+    assert "ranks 0-3 idle" in row.reason, row.reason
+    quiet = env.registry.quiet(test_fake_clock.JOB)
+    assert quiet is not None and quiet.io_mib_s == {r: 0.0 for r in everyone}
+
+
+@pytest.mark.timeout(20)
+def test_a_trickle_of_storage_io_is_idle_not_work(env: Env) -> None:
+    """A hung rank's logging thread writes kilobytes a second: under the mark."""
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    trickle = {r: 1 / 64 for r in range(4)}
+    _working(env, int(BOUND), 0, {0, 1, 2, 3}, cores=0.04, io_mib_s=trickle)
+    assert env.only_incident().trigger == "no-progress"
 
 
 @pytest.mark.timeout(20)

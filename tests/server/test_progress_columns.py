@@ -101,6 +101,7 @@ def rank_progress(draw: st.DrawFn, rank: int) -> pb.RankProgress:
         finished=draw(st.booleans()),
         in_compile=draw(st.booleans()),
         compiler_running=draw(st.booleans()),
+        io_bytes=draw(st.integers(min_value=0, max_value=1 << 50)),
     )
 
 
@@ -123,6 +124,7 @@ def _as_messages(c: progress_columns.Columns, table: list[str]) -> list[pb.RankP
             finished=bool(c.rank_flags[i] & progress_columns.FINISHED),
             in_compile=bool(c.rank_flags[i] & progress_columns.IN_COMPILE),
             compiler_running=bool(c.rank_flags[i] & progress_columns.COMPILER_RUNNING),
+            io_bytes=c.io_bytes[i],
         )
         for i in range(len(c.rank))
     ]
@@ -278,6 +280,7 @@ def _broken(**fields: bytes | list[str]) -> pb.ProgressReport:
     ("fields", "says"),
     [
         ({"fr_age_s": b"\x00" * 7}, "columns.fr_age_s: 7 bytes, expected 4 x 8"),
+        ({"rank_io": b"\x00" * 9}, "columns.rank_io: 9 bytes, expected 4 x 8"),
         ({"rank": b"\x00" * 6}, "columns.rank: 6 bytes, not a multiple of 4"),
         ({"rank_codes": b"\x01" * 3}, "columns.rank_codes: 3 bytes, expected 8 x 1"),
         ({"cell_counts": b""}, "columns.cell_counts: 0 bytes, expected 72 x 8"),
@@ -311,6 +314,15 @@ def test_a_rank_in_both_forms_is_refused() -> None:
     req.ranks.add(rank=2)
     with pytest.raises(Invalid, match="a rank is both in ranks and in columns"):
         validate.progress_report(req)
+
+
+@pytest.mark.timeout(30)
+def test_columns_from_an_agent_older_than_rank_io_read_as_no_io() -> None:
+    req = _good()
+    assert req.columns.rank_io  # the agent's encoder fills it
+    req.columns.ClearField("rank_io")
+    c = validate.progress_report(req)
+    assert c is not None and c.io_bytes == (0,) * len(RANKS)
 
 
 @pytest.mark.timeout(30)

@@ -147,7 +147,7 @@ class GroupProgress(_message.Message):
     def __init__(self, group: _Optional[str] = ..., last_enqueued: _Optional[int] = ..., last_completed: _Optional[int] = ..., last_started: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[InFlight, _Mapping]] = ..., completed_unchanged_s: _Optional[float] = ..., completion_unknown: _Optional[bool] = ..., collectives_enqueued: _Optional[int] = ..., collectives_completed: _Optional[int] = ...) -> None: ...
 
 class RankProgress(_message.Message):
-    __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns", "cpu_time_ns", "finished", "in_compile", "runqueue_wait_ns", "compiler_running")
+    __slots__ = ("rank", "state", "groups", "fr_age_s", "status_at_ns", "cpu_time_ns", "finished", "in_compile", "runqueue_wait_ns", "compiler_running", "io_bytes")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class RankProgress(_message.Message):
     IN_COMPILE_FIELD_NUMBER: _ClassVar[int]
     RUNQUEUE_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     COMPILER_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    IO_BYTES_FIELD_NUMBER: _ClassVar[int]
     rank: int
     state: ProcessState
     groups: _containers.RepeatedCompositeFieldContainer[GroupProgress]
@@ -168,7 +169,8 @@ class RankProgress(_message.Message):
     in_compile: bool
     runqueue_wait_ns: int
     compiler_running: bool
-    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ..., cpu_time_ns: _Optional[int] = ..., finished: _Optional[bool] = ..., in_compile: _Optional[bool] = ..., runqueue_wait_ns: _Optional[int] = ..., compiler_running: _Optional[bool] = ...) -> None: ...
+    io_bytes: int
+    def __init__(self, rank: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., groups: _Optional[_Iterable[_Union[GroupProgress, _Mapping]]] = ..., fr_age_s: _Optional[float] = ..., status_at_ns: _Optional[int] = ..., cpu_time_ns: _Optional[int] = ..., finished: _Optional[bool] = ..., in_compile: _Optional[bool] = ..., runqueue_wait_ns: _Optional[int] = ..., compiler_running: _Optional[bool] = ..., io_bytes: _Optional[int] = ...) -> None: ...
 
 class ProgressReport(_message.Message):
     __slots__ = ("job_id", "agent_id", "session_id", "report_seq", "ranks", "clock_offset_ns", "clock_error_ns", "columns")
@@ -191,7 +193,7 @@ class ProgressReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., clock_offset_ns: _Optional[int] = ..., clock_error_ns: _Optional[int] = ..., columns: _Optional[_Union[ProgressColumns, _Mapping]] = ...) -> None: ...
 
 class ProgressColumns(_message.Message):
-    __slots__ = ("rank", "rank_codes", "rank_counts", "fr_age_s", "cell_rank", "cell_group", "cell_flags", "cell_counts", "in_flight_age_s", "in_flight_op", "ops")
+    __slots__ = ("rank", "rank_codes", "rank_counts", "fr_age_s", "cell_rank", "cell_group", "cell_flags", "cell_counts", "in_flight_age_s", "in_flight_op", "ops", "rank_io")
     RANK_FIELD_NUMBER: _ClassVar[int]
     RANK_CODES_FIELD_NUMBER: _ClassVar[int]
     RANK_COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +205,7 @@ class ProgressColumns(_message.Message):
     IN_FLIGHT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_OP_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
+    RANK_IO_FIELD_NUMBER: _ClassVar[int]
     rank: bytes
     rank_codes: bytes
     rank_counts: bytes
@@ -214,7 +217,8 @@ class ProgressColumns(_message.Message):
     in_flight_age_s: bytes
     in_flight_op: bytes
     ops: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rank: _Optional[bytes] = ..., rank_codes: _Optional[bytes] = ..., rank_counts: _Optional[bytes] = ..., fr_age_s: _Optional[bytes] = ..., cell_rank: _Optional[bytes] = ..., cell_group: _Optional[bytes] = ..., cell_flags: _Optional[bytes] = ..., cell_counts: _Optional[bytes] = ..., in_flight_age_s: _Optional[bytes] = ..., in_flight_op: _Optional[bytes] = ..., ops: _Optional[_Iterable[str]] = ...) -> None: ...
+    rank_io: bytes
+    def __init__(self, rank: _Optional[bytes] = ..., rank_codes: _Optional[bytes] = ..., rank_counts: _Optional[bytes] = ..., fr_age_s: _Optional[bytes] = ..., cell_rank: _Optional[bytes] = ..., cell_group: _Optional[bytes] = ..., cell_flags: _Optional[bytes] = ..., cell_counts: _Optional[bytes] = ..., in_flight_age_s: _Optional[bytes] = ..., in_flight_op: _Optional[bytes] = ..., ops: _Optional[_Iterable[str]] = ..., rank_io: _Optional[bytes] = ...) -> None: ...
 
 class ProgressAck(_message.Message):
     __slots__ = ("known", "report_seq")
