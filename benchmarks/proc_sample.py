@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from hangwatch.agent.procstate import RunqueueWait, process_sample
+from hangwatch.agent.procstate import CpuTotal, RunqueueWait, process_sample
 
 from hangwatch import hook_protocol
 
@@ -46,13 +46,18 @@ def _median_us(fn: object, pid: int, repeats: int) -> float:
     return statistics.median(times) / 1000
 
 
-def _polled(acc: RunqueueWait) -> Callable[[int], None]:
-    """One poll of a rank as the agent makes it: CPU time and run-queue wait."""
+def _polled(acc: RunqueueWait, io_total: CpuTotal | None = None) -> Callable[[int], None]:
+    """One poll of a rank as the agent makes it: CPU time and run-queue wait,
+    and with `io_total` storage I/O too (RankProgress.io_bytes)."""
 
     def poll(pid: int) -> None:
         waits: dict[int, int] = {}
-        process_sample(pid, None, waits)
+        compilers: list[str] = []
+        io: list[int] | None = None if io_total is None else []
+        process_sample(pid, None, waits, compilers, io)
         acc.update(waits)
+        if io_total is not None and io is not None:
+            io_total.update(sum(io))
 
     return poll
 
@@ -64,7 +69,7 @@ def main() -> None:
     a = ap.parse_args()
     print(
         "children | anchor: stat only (us) | process_sample (us) | ratio "
-        "| with run-queue wait, as the agent polls (us) | ratio"
+        "| with run-queue wait (us) | ratio | and storage I/O, as the agent polls (us) | ratio"
     )
     for n in a.children:
         p = subprocess.Popen(
@@ -78,9 +83,10 @@ def main() -> None:
             anchor = _median_us(hook_protocol.proc_stat_fields, p.pid, a.repeats)
             sample = _median_us(process_sample, p.pid, a.repeats)
             full = _median_us(_polled(RunqueueWait()), p.pid, a.repeats)
+            io = _median_us(_polled(RunqueueWait(), CpuTotal()), p.pid, a.repeats)
             print(
                 f"{n:8d} | {anchor:22.1f} | {sample:19.1f} | {sample / anchor:5.1f}x "
-                f"| {full:44.1f} | {full / anchor:5.1f}x"
+                f"| {full:24.1f} | {full / anchor:5.1f}x | {io:40.1f} | {io / anchor:5.1f}x"
             )
         finally:
             os.killpg(p.pid, signal.SIGKILL)
