@@ -7,10 +7,13 @@ killed half-way leaves nothing half-written: the server rolls its open
 transaction back when the connection drops.
 
 When the server goes away (a restart, a failover) the pool reconnects in the
-background with psycopg_pool's back-off (1 s, doubling, jittered); meanwhile a
-write fails within `POOL_TIMEOUT_S` with an error `store.disk_full` counts as
-"the store refused it", and the coordinator keeps what it held and writes it
-again later (server.incidents.manager), as it does for a full disk.
+background with psycopg_pool's back-off (1 s, doubling, jittered) for
+`RECONNECT_TIMEOUT_S`, then the next call that needs a connection tries again
+at once. Meanwhile a write fails within `POOL_TIMEOUT_S` with an error
+`store.disk_full` counts as "the store refused it", and the coordinator keeps
+what it held and writes it again later (server.incidents.manager), as it does
+for a full disk; for `FAIL_FAST_S` after such a failure, every call fails at
+once rather than wait again.
 
 The URL never carries the password: it comes from `--store-password-file`,
 HANGWATCH_STORE_PASSWORD, or libpq's own PGPASSFILE / PGPASSWORD.
@@ -34,7 +37,7 @@ from hangwatch.server.incidents.database import (
     statements,
 )
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from hangwatch.config import check_store_url
 
@@ -49,6 +52,16 @@ POOL_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 1.0
 # libpq's own wait for a server that does not answer a connect.
 CONNECT_TIMEOUT_S: Final = 5
+# After a call found no connection in its wait, the calls of the next second
+# fail at once: a dashboard page makes several reads and each waited its
+# second (measured: 5 s for /readyz, 3 s for a job's page, while the server
+# was down), and a failover is seconds long anyway.
+FAIL_FAST_S: Final = 1.0
+# The pool's background reconnection gives up after this long, and the next
+# call that needs a connection starts a fresh attempt at once. psycopg_pool's
+# default (5 min, its delay doubling from 1 s) left a store that had been away
+# 16 s unnoticed for 12 s after its server was back.
+RECONNECT_TIMEOUT_S: Final = 3.0
 # Connections per coordinator: its writers are few (gRPC handlers, the
 # detector, the analysis worker) and the dashboard's reads are short.
 POOL_MAX: Final = 4
@@ -103,7 +116,9 @@ class PostgresDatabase:
             check=ConnectionPool.check_connection,
             open=False,
             name="hangwatch-store",
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
         )
+        self._fail_fast_until = 0.0
         try:
             # At start the server must answer: a coordinator that cannot reach
             # its store says so at once rather than on its first incident. One
@@ -121,8 +136,18 @@ class PostgresDatabase:
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[_Tx]:
         wait = POOL_TIMEOUT_S if write else READ_TIMEOUT_S
-        with self._pool.connection(timeout=wait) as conn, conn.transaction():
-            yield _Tx(conn)
+        if time.monotonic() < self._fail_fast_until:
+            raise PoolTimeout("the store's server was out of reach a moment ago; not waiting again")
+        try:
+            conn = self._pool.getconn(timeout=wait)
+        except PoolTimeout:
+            self._fail_fast_until = time.monotonic() + FAIL_FAST_S
+            raise
+        try:
+            with conn.transaction():
+                yield _Tx(conn)
+        finally:
+            self._pool.putconn(conn)
 
     def migrate(self) -> int:
         with self.transaction() as tx:

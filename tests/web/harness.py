@@ -10,7 +10,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +44,17 @@ HOSTILE_DESC = "default_pg</td><script>alert(3)</script>"
 
 
 def make_context(
-    data_dir: Path, *, token: str | None = None, store: IncidentStore | None = None
+    data_dir: Path,
+    *,
+    token: str | None = None,
+    store: IncidentStore | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ServerContext:
-    """`store`: another than the SQLite one in `data_dir` (a PostgreSQL one)."""
+    """`store`: another than the SQLite one in `data_dir` (a PostgreSQL one);
+    `clock`: the registry's (a FakeClock moves a stall past its timeout)."""
     config = Config.of(data_dir=str(data_dir), token=token, stall_timeout=5.0)
     store = store if store is not None else IncidentStore.in_dir(data_dir)
-    registry = JobRegistry(agent_lost_timeout=10.0, stall_timeout=5.0)
+    registry = JobRegistry(agent_lost_timeout=10.0, stall_timeout=5.0, clock=clock)
     ctx = ServerContext(
         config=config,
         store=store,

@@ -12,6 +12,7 @@ import pytest
 from hangwatch.server.incidents.store import IncidentStore
 from hangwatch.server.web.app import RETRY_AFTER_S, create_app
 
+from tests.support.clock import FakeClock
 from tests.support.pgserver import PgServer
 from tests.web import harness
 
@@ -22,8 +23,10 @@ JOB = "llama-70b"
 @pytest.mark.timeout(90)
 def test_the_live_view_answers_while_the_store_is_away(pg: PgServer, tmp_path: Path) -> None:
     store = IncidentStore.open(pg.new_database(), tmp_path)
-    ctx = harness.make_context(tmp_path, store=store)
+    clock = FakeClock()
+    ctx = harness.make_context(tmp_path, store=store, clock=clock)
     harness.feed_job(ctx.registry, job=JOB, world=16, stuck=3)
+    clock.advance(6.0)  # past the 5 s stall timeout, within the 10 s agent-lost one
     incident = harness.insert_incident(ctx, job=JOB, report=harness.hang_report(world=16, stuck=3))
     try:
         with harness.serve(create_app(ctx)) as base, httpx.Client(base_url=base, timeout=20) as c:
