@@ -174,6 +174,13 @@ class JobRecord:
     # new processes); 0 while no rank has: a job whose counters never move is
     # quiet since then.
     started: float = 0.0
+    # When a registration last brought a rank this run had not had: a job
+    # still launching (a 32,768-rank job's ranks registered over 65 s on a
+    # simulated fleet; a real launch's rendezvous can take minutes, the early
+    # ranks idle in it) is not quiet while ranks keep arriving. The quiet
+    # clock runs from here; a launch that stops short (a node that never
+    # comes up) is paged the bound after its last new rank.
+    last_new_rank: float = 0.0
     # Reports that moved a counter past a rank's first numbers, when the last
     # one arrived and the longest gap between two: whether the job was making
     # steady progress, for the no-progress rule (stalls.scan_quiet).

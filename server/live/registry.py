@@ -177,6 +177,8 @@ class JobRegistry:
             for ri in req.ranks:
                 before = job.pids.get(ri.rank)
                 restarted |= before is not None and before != ri.pid
+                if before != ri.pid:
+                    job.last_new_rank = now
                 job.pids[ri.rank] = ri.pid
             if restarted:
                 # A new process holds a rank: the job was restarted under the

@@ -272,9 +272,10 @@ def scan_quiet(
 ) -> JobQuiet | None:
     """The whole job gone quiet with no collective in flight (the detector's
     `find_job_quiet`), or None. Cheap when the job moved recently."""
-    # Quiet since its last progress, or since it started if it never made any
-    # (a pure-p2p gloo job moves no counter at all).
-    quiet_for = now - max(job.last_progress, job.started)
+    # Quiet since its last progress, or since its last new rank registered if
+    # that is later (a pure-p2p gloo job moves no counter at all; a big job
+    # launches over minutes).
+    quiet_for = now - max(job.last_progress, job.last_new_rank)
     soonest = stall_timeout if bound_s is None else min(stall_timeout, bound_s)
     if quiet_for < soonest or (job.progress_moves == 0 and bound_s is None):
         return None

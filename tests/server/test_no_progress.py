@@ -223,6 +223,36 @@ def test_a_compiler_running_under_a_rank_is_work_whatever_its_cpu(env: Env) -> N
 
 
 @pytest.mark.timeout(20)
+def test_a_job_still_launching_is_quiet_from_its_last_new_rank() -> None:
+    """A big job's ranks register over minutes (4,096 simulated nodes took 65 s
+    here; a real rendezvous waits for the slowest node), the early ones idle
+    meanwhile. Not paged while ranks keep arriving; paged the bound after the
+    last one if nothing moves, as when a node never comes up. An agent that
+    registers its ranks again (it restarted) is not a new rank."""
+    clock = FakeClock()
+    registry = test_fake_clock._registry(clock)
+    a = test_fake_clock.Node(registry, "a", [0, 1])
+    b = test_fake_clock.Node(registry, "b", [2, 3])
+    a.register([0, 1])
+    a.report({0: (0, 0), 1: (0, 0)})
+    for _ in range(int(BOUND) - 2):
+        clock.advance(1.0)
+        a.report({0: (0, 0), 1: (0, 0)})
+    b.register([2, 3])  # the second node arrives 2 s short of the bound
+    for _ in range(int(BOUND) - 1):
+        clock.advance(1.0)
+        a.report({0: (0, 0), 1: (0, 0)})
+        b.report({2: (0, 0), 3: (0, 0)})
+        assert registry.quiet(test_fake_clock.JOB) is None
+    a.register([0, 1])  # node a's agent restarted: the same processes
+    clock.advance(1.0)
+    a.report({0: (0, 0), 1: (0, 0)})
+    b.report({2: (0, 0), 3: (0, 0)})
+    quiet = registry.quiet(test_fake_clock.JOB)
+    assert quiet is not None and quiet.rule == "bound" and quiet.quiet_for_s == BOUND
+
+
+@pytest.mark.timeout(20)
 def test_ranks_waiting_on_storage_are_working_not_idle(env: Env) -> None:
     """Measured in a loaded test run: three ranks hashing torch's source tree at
     the start of torch.compile, on a disk shared with a database's syncfs, read
