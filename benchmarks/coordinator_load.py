@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         t0 = time.time()
         fleet.start()
-        fleet.wait_ready(timeout=120)
+        # 4,096 simulated nodes took 145 s to start and register on 2 cores.
+        fleet.wait_ready(timeout=max(120.0, 0.015 * args.ranks))
         fleet_samplers = [CpuSampler(p) for p in fleet.pids]
         out["register_s"] = round(time.time() - t0, 2)
         out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)

@@ -363,7 +363,10 @@ class Fleet:
         for i, c in enumerate(self._conns):
             try:
                 c.send({"op": "stop"})
-                parts.append(self._recv(i, timeout)["stats"])
+                msg = self._recv(i, timeout)
+                while "stats" not in msg:  # an answer a timed-out wait left behind
+                    msg = self._recv(i, timeout)
+                parts.append(msg["stats"])
             except (FleetError, OSError) as e:
                 problems.append(str(e))
         for p in self._procs:
