@@ -34,7 +34,7 @@ from hangwatch.server.live.views import (
     JobCensus,
     JobSnapshot,
     StalledGroup,
-    job_snapshot,
+    capture,
     stopped_reason,
 )
 
@@ -141,17 +141,16 @@ class JobRegistry:
             if job is None:
                 return None
             now = self._clock()
-            return job_snapshot(
+            stalled = scan_stalls(
                 job,
                 now,
-                scan_stalls(
-                    job,
-                    now,
-                    self.stall_timeout,
-                    startup_grace=self.startup_grace,
-                    first_report_s=self.agent_lost_timeout,
-                ),
+                self.stall_timeout,
+                startup_grace=self.startup_grace,
+                first_report_s=self.agent_lost_timeout,
             )
+            numbers = capture(job, now)
+        # The views are built without the lock (views.JobCapture).
+        return numbers.snapshot(stalled)
 
     # ---- writes from the gRPC handlers -------------------------------------
 
