@@ -31,6 +31,7 @@ from hangwatch.server.live.records import (
 )
 from hangwatch.server.live.stalls import scan_quiet, scan_stalls
 from hangwatch.server.live.views import (
+    UNOBSERVED,
     JobCensus,
     JobSnapshot,
     StalledGroup,
@@ -123,7 +124,7 @@ class JobRegistry:
                     agents["lost" if a.lost else "connected"] += 1
                 ranks: dict[str, int] = {}
                 for r in job.ranks.values():
-                    state = r.process_state if job.observed(r) else "unobserved"
+                    state = r.process_state if job.observed(r) else UNOBSERVED
                     ranks[state] = ranks.get(state, 0) + 1
                 out.append(
                     JobCensus(
@@ -131,6 +132,9 @@ class JobRegistry:
                         agents=agents,
                         ranks=ranks,
                         collecting=job.open_incident is not None,
+                        world_size=job.world_size,
+                        open_incident=job.open_incident,
+                        ended=stopped_reason(job),
                     )
                 )
         return out
