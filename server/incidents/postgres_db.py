@@ -52,10 +52,13 @@ POOL_TIMEOUT_S: Final = 5.0
 READ_TIMEOUT_S: Final = 1.0
 # libpq's own wait for a server that does not answer a connect.
 CONNECT_TIMEOUT_S: Final = 5
-# After a call found no connection in its wait, the calls of the next second
-# fail at once: a dashboard page makes several reads and each waited its
-# second (measured: 5 s for /readyz, 3 s for a job's page, while the server
-# was down), and a failover is seconds long anyway.
+# After a call found no connection in its wait while the pool's attempts to
+# connect were failing (the server out of reach, not a busy pool), the calls
+# of the next second fail at once: a dashboard page makes several reads and
+# each waited its second (measured: 5 s for /readyz, 3 s for a job's page,
+# while the server was down), and a failover is seconds long anyway. A wait
+# that ran out while connects succeeded (a pool renewing the sessions a
+# server cut) does not: the next call may well get one.
 FAIL_FAST_S: Final = 1.0
 # The pool's background reconnection gives up after this long, and the next
 # call that needs a connection starts a fresh attempt at once. psycopg_pool's
@@ -119,6 +122,7 @@ class PostgresDatabase:
             reconnect_timeout=RECONNECT_TIMEOUT_S,
         )
         self._fail_fast_until = 0.0
+        self._connect_errors = 0  # the pool's failed connects when last looked
         try:
             # At start the server must answer: a coordinator that cannot reach
             # its store says so at once rather than on its first incident. One
@@ -141,13 +145,22 @@ class PostgresDatabase:
         try:
             conn = self._pool.getconn(timeout=wait)
         except PoolTimeout:
-            self._fail_fast_until = time.monotonic() + FAIL_FAST_S
+            if self._failed_connects():
+                self._fail_fast_until = time.monotonic() + FAIL_FAST_S
             raise
+        self._failed_connects()  # the count so far is not this outage's
         try:
             with conn.transaction():
                 yield _Tx(conn)
         finally:
             self._pool.putconn(conn)
+
+    def _failed_connects(self) -> bool:
+        """Did the pool fail to connect since this was last asked? (A few µs:
+        a copy of its counters under its lock.)"""
+        errors = self._pool.get_stats().get("connections_errors", 0)
+        new, self._connect_errors = errors > self._connect_errors, errors
+        return new
 
     def migrate(self) -> int:
         with self.transaction() as tx:
