@@ -83,11 +83,24 @@ def _note_io(pid: int, io: list[int]) -> None:
     reports 0, unknown."""
     try:
         with open(f"/proc/{pid}/io", "rb") as f:
-            lines = f.read().split(b"\n")
-        # rchar, wchar, syscr, syscw, read_bytes, write_bytes, cancelled_write_bytes
-        io.append(int(lines[4].split()[1]) + int(lines[5].split()[1]))
-    except (OSError, ValueError, IndexError):
-        pass
+            raw = f.read()
+    except OSError:
+        return
+    # By name, not by line: rchar and wchar come first and count every read()
+    # and write(); a kernel that listed fields differently must not make a
+    # hung rank's socket traffic read as storage.
+    got = 0
+    found = 0
+    for line in raw.split(b"\n"):
+        name, _, value = line.partition(b":")
+        if name in (b"read_bytes", b"write_bytes"):
+            try:
+                got += int(value)
+            except ValueError:
+                return
+            found += 1
+    if found == 2:
+        io.append(got)
 
 
 class CpuTotal:
