@@ -131,7 +131,6 @@ class JobRegistry:
                         job_id=job.job_id,
                         agents=agents,
                         ranks=ranks,
-                        collecting=job.open_incident is not None,
                         world_size=job.world_size,
                         open_incident=job.open_incident,
                         ended=stopped_reason(job),

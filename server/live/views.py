@@ -120,10 +120,13 @@ class JobCensus:
     job_id: str
     agents: dict[str, int]  # connected | lost
     ranks: dict[str, int]  # a process state, or unobserved (its agent is lost)
-    collecting: bool  # an incident of the job is collecting its dumps
     world_size: int | None = None
-    open_incident: str | None = None
+    open_incident: str | None = None  # the incident collecting its dumps, if any
     ended: JobStopped | None = None  # stopped_reason
+
+    @property
+    def collecting(self) -> bool:
+        return self.open_incident is not None
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -159,9 +162,9 @@ def stopped_reason(job: JobRecord) -> JobStopped | None:
 _GroupRow = tuple[
     str, int, int, "int | None", str, "float | None", "int | None", "int | None", bool
 ]
-# rank, host, agent_id, pid, connected, observed, process_state, backend,
-# last_report_age_s, its groups.
-_RankRow = tuple[int, str, str, int, bool, bool, str, str, "float | None", list[_GroupRow]]
+# rank, host, agent_id, pid, its agent live (RankLive.connected and
+# .observed are both that), process_state, backend, last_report_age_s, its groups.
+_RankRow = tuple[int, str, str, int, bool, str, str, "float | None", list[_GroupRow]]
 
 
 @dataclass(slots=True)
@@ -205,15 +208,13 @@ def capture(job: JobRecord, now: float) -> JobCapture:
     agents = job.agents
     for r in job.ranks.values():
         a = agents.get(r.agent_id)
-        live = a is not None and not a.lost
         ranks.append(
             (
                 r.rank,
                 r.host,
                 r.agent_id,
                 r.pid,
-                live,
-                live,  # observed: its agent is live (JobRecord.observed)
+                a is not None and not a.lost,
                 r.process_state,
                 r.backend,
                 None if r.last_report is None else now - r.last_report,
@@ -269,7 +270,7 @@ def _rank_views(rows: list[_RankRow], known: set[str]) -> list[RankLive]:
     max_enqueued: dict[str, int] = {}
     max_completed: dict[str, int] = {}
     for row in rows:
-        for g in row[9]:
+        for g in row[8]:
             c = _collectives(g)
             if c is None or g[0] not in known:
                 continue
@@ -278,7 +279,7 @@ def _rank_views(rows: list[_RankRow], known: set[str]) -> list[RankLive]:
             if c[1] > max_completed.get(g[0], -1):
                 max_completed[g[0]] = c[1]
     views = []
-    for rank, host, agent_id, pid, connected, observed, state, backend, age, grows in sorted(
+    for rank, host, agent_id, pid, live, state, backend, age, grows in sorted(
         rows, key=lambda row: row[0]
     ):
         groups = [
@@ -319,8 +320,8 @@ def _rank_views(rows: list[_RankRow], known: set[str]) -> list[RankLive]:
                 host=host,
                 agent_id=agent_id,
                 pid=pid,
-                connected=connected,
-                observed=observed,
+                connected=live,
+                observed=live,
                 process_state=state,
                 groups=groups,
                 lag=lag,
@@ -337,7 +338,7 @@ def _group_views(
     """Each group's furthest and slowest member (JobRecord.members: the
     group's ranks that registered it), from the captured rows."""
     counts_of: dict[int, dict[str, tuple[int, int] | None]] = {
-        row[0]: {g[0]: _collectives(g) for g in row[9]} for row in rows
+        row[0]: {g[0]: _collectives(g) for g in row[8]} for row in rows
     }
     out = []
     for name, desc, members, last_progress in groups:
