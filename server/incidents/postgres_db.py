@@ -12,8 +12,8 @@ background with psycopg_pool's back-off (1 s, doubling, jittered) for
 at once. Meanwhile a write fails within `POOL_TIMEOUT_S` with an error
 `store.disk_full` counts as "the store refused it", and the coordinator keeps
 what it held and writes it again later (server.incidents.manager), as it does
-for a full disk; for `FAIL_FAST_S` after such a failure, every call fails at
-once rather than wait again.
+for a full disk; for `FAIL_FAST_S` after such a failure while the pool's
+connects were failing, every call fails at once rather than wait again.
 
 The URL never carries the password: it comes from `--store-password-file`,
 HANGWATCH_STORE_PASSWORD, or libpq's own PGPASSFILE / PGPASSWORD.
