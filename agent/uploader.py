@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 import grpc
 from hangwatch.agent.client import CoordinatorClient
 
+from hangwatch import formats
 from hangwatch.formats import nodearchive
 from hangwatch.wire import pb
+
+log = logging.getLogger("hangwatch.agent")
 
 # Room for the chunk's other fields and framing under the message limit.
 # The coordinator looked at the upload and will never take it as sent: log
@@ -154,6 +160,9 @@ def upload_node_archive(
     for path, rank in files:
         with open(path, "rb") as f:
             members.append((rank, os.path.basename(path), f.read()))
+    columns = node_columns(files)
+    if columns:
+        members.append((min(r for _, r in files), formats.FR_COLUMNS_FILE, columns))
     ack = client.upload_files(
         pack_chunks(
             archive_chunks(
@@ -170,6 +179,44 @@ def upload_node_archive(
     if len(ack.files) != 1 or not ack.files[0].complete:
         raise RuntimeError(f"coordinator acked {len(ack.files)} archives, not 1 complete")
     return ack
+
+
+# Decoding a node's tails in a child process (hangwatch.analyzer.packed)
+# takes 0.2-0.4 s here, most of it the interpreter and numpy starting. Past
+# this the archive goes without: the analyzer then decodes the tails itself.
+COLUMNS_TIMEOUT_S: Final = 20.0
+
+
+def node_columns(files: list[tuple[str, int]]) -> bytes | None:
+    """The node's FR tails among `files` ((path, rank) each), decoded into
+    one archive member, or None. In a child process: decoding needs numpy,
+    which the sidecar never loads (~20 MB it would keep for good), and a
+    decoder that fails or hangs costs the upload only its columns."""
+    tails = [
+        f"{rank}:{path}" for path, rank in files if formats.is_tail_fr_name(os.path.basename(path))
+    ]
+    if not tails:
+        return None
+    cmd = [sys.executable, "-m", "hangwatch.analyzer.packed", *tails]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=COLUMNS_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning(
+            "decoding %d tails for the coordinator failed (%s); sending them as they are",
+            len(tails),
+            e,
+        )
+        return None
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        log.warning(
+            "decoding %d tails for the coordinator exited %d (%s); sending them as they are",
+            len(tails),
+            done.returncode,
+            err[-1][:300] if err else "no message",
+        )
+        return None
+    return done.stdout or None
 
 
 def archive_chunks(

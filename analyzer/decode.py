@@ -411,6 +411,22 @@ def decode_dumps(dumps: list[tuple[Any, list[dict[str, Any]]]]) -> list[ParsedDu
     ]
 
 
+# What decoding a bad dump raises: a format problem, or a structure too deep
+# or too big for this process.
+DECODE_ERRORS = (DumpFormatError, RecursionError, MemoryError)
+
+
+def decode_each(dumps: list[tuple[Any, list[dict[str, Any]]]]) -> list[ParsedDump | BaseException]:
+    """decode_dumps, or where the batch fails, each dump alone: a bad dump
+    becomes its own error and never costs the others theirs."""
+    try:
+        return list(decode_dumps(dumps))
+    except DECODE_ERRORS as e:
+        if len(dumps) == 1:
+            return [e]
+    return [r for d in dumps for r in decode_each([d])]
+
+
 def _columns(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The ENTRY_COLUMNS of checked entries (`retired` as recorded)."""
     raw_cols = _raw_columns(entries, _VALUE_KEYS)

@@ -89,6 +89,8 @@ class Found:
     # Bundle meta.json files, in rank directories or node archives.
     metas: list[Path | nodearchive.Member] = field(default_factory=list)
     stacks: dict[int, nodearchive.Member] = field(default_factory=dict)  # archived stacks.txt
+    # Archive path -> its fr_columns member (hangwatch.analyzer.packed) and that member's rel.
+    columns: dict[str, tuple[nodearchive.Member, str]] = field(default_factory=dict)
     incidents: list[Path] = field(default_factory=list)  # incident.json files
     errors: list[FileError] = field(default_factory=list)
 
@@ -155,6 +157,9 @@ def _add_archive(found: Found, path: Path, rel: str, prefix: str | None) -> None
             continue
         if m.name == formats.STACKS_FILE:
             found.stacks[m.rank] = m
+            continue
+        if m.name == formats.FR_COLUMNS_FILE:
+            found.columns[str(path)] = (m, f"{rel}!{m.member}")
             continue
         if m.name in SKIP_NAMES or m.name.startswith("."):
             continue

@@ -37,6 +37,7 @@ from hangwatch.analyzer.reading import (
     concat_columns,
     gc_paused,
     read_all,
+    read_packed,
     shift_record_ids,
 )
 from hangwatch.analyzer.report import FileError
@@ -179,13 +180,21 @@ def _load(
         cands = found.dumps
         if selected is not None:
             cands = [c for c in cands if c.rank in selected]
-        results = read_all(
-            cands,
-            workers=workers,
-            on_progress=on_progress,
-            max_bytes=max_file_bytes,
-            max_entries=max_entries,
+        # Tails the nodes decoded already; every other file is read here.
+        done, packed_errors = read_packed(
+            cands, found.columns, max_bytes=max_file_bytes, max_entries=max_entries
         )
+        errors.extend(packed_errors)
+        rest = iter(
+            read_all(
+                [c for i, c in enumerate(cands) if i not in done],
+                workers=workers,
+                on_progress=on_progress,
+                max_bytes=max_file_bytes,
+                max_entries=max_entries,
+            )
+        )
+        results = [done[i] if i in done else next(rest) for i in range(len(cands))]
     finally:
         nodearchive.release()  # the node archive read last, if any
     by_key, read_errors = choose_dumps(results)

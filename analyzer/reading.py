@@ -13,26 +13,28 @@ import itertools
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from hangwatch.analyzer import packed
 from hangwatch.analyzer.coded import Coded, first_of_each, intern_values
 from hangwatch.analyzer.decode import (
     BOOL_COLUMNS,
+    DECODE_ERRORS,
     ENTRY_COLUMNS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
     STR_COLUMNS,
     ParsedDump,
     check_dump,
-    decode_dumps,
+    decode_each,
 )
 from hangwatch.analyzer.discovery import Candidate
 from hangwatch.analyzer.report import FileError
-from hangwatch.analyzer.sniff import DumpFormatError, sniff_and_decode
+from hangwatch.analyzer.sniff import sniff_and_decode
 from hangwatch.analyzer.text import one_line
 
 from hangwatch.formats import nodearchive
@@ -89,11 +91,8 @@ def _checked_bytes(data: bytes, max_entries: int) -> tuple[Any, list[Any]] | str
     try:
         raw = sniff_and_decode(data)
         return raw, check_dump(raw, max_entries=max_entries)
-    except _DECODE_ERRORS as e:
+    except DECODE_ERRORS as e:
         return _why(e)
-
-
-_DECODE_ERRORS = (DumpFormatError, RecursionError, MemoryError)
 
 
 def _why(e: BaseException) -> str:
@@ -105,14 +104,10 @@ def _why(e: BaseException) -> str:
 
 
 def _decoded(cands: list[Candidate], dumps: list[tuple[Any, list[Any]]]) -> list[Result]:
-    """decode_dumps, or where the batch fails, each dump alone: a bad file
-    becomes its own error and never costs the others theirs."""
-    try:
-        return [(c, p, None) for c, p in zip(cands, decode_dumps(dumps), strict=True)]
-    except _DECODE_ERRORS as e:
-        if len(dumps) == 1:
-            return [(cands[0], None, _why(e))]
-    return [r for c, d in zip(cands, dumps, strict=True) for r in _decoded([c], [d])]
+    return [
+        (c, p, None) if isinstance(p, ParsedDump) else (c, None, _why(p))
+        for c, p in zip(cands, decode_each(dumps), strict=True)
+    ]
 
 
 def _read_chunk(cands: list[Candidate], max_bytes: int, max_entries: int) -> list[Result]:
@@ -227,6 +222,46 @@ def read_all(
     finally:
         if on_progress is not None and len(out) < total:
             on_progress(total, total)
+
+
+def read_packed(
+    cands: list[Candidate],
+    columns: Mapping[str, tuple[nodearchive.Member, str]],
+    *,
+    max_bytes: int,
+    max_entries: int,
+) -> tuple[dict[int, Result], list[FileError]]:
+    """The candidates whose node archive carries them already decoded
+    (hangwatch.analyzer.packed), by index into `cands`; the rest are read
+    as files. A damaged columns member is one FileError and its tails are
+    decoded instead; one from another decoder is passed over silently."""
+    by_archive: dict[str, dict[str, int]] = {}
+    for i, c in enumerate(cands):
+        if c.member is not None and c.path in columns and c.size <= max_bytes:
+            by_archive.setdefault(c.path, {})[c.member.member] = i
+    out: dict[int, Result] = {}
+    errors: list[FileError] = []
+    try:
+        for path, wanted in by_archive.items():
+            m, rel = columns[path]
+            try:
+                got = packed.unpack(
+                    nodearchive.read(m, packed.MAX_BYTES),
+                    {name: cands[i].member for name, i in wanted.items()},  # type: ignore[misc]
+                )
+            except packed.StaleDecoder:
+                continue
+            except (packed.PackError, nodearchive.ArchiveError) as e:
+                errors.append(
+                    FileError(file=rel, error=f"{_why(e)}; its tails were decoded instead")
+                )
+                continue
+            for name, p in got.items():
+                if p.n_entries <= max_entries:
+                    out[wanted[name]] = (cands[wanted[name]], p, None)
+    finally:
+        nodearchive.release()
+    return out, errors
 
 
 def _by_bytes(cands: list[Candidate], limit: int) -> Iterator[list[Candidate]]:

@@ -40,6 +40,7 @@ from hangwatch.formats.files import (
     AGENT_FILE,
     BUNDLES_DIR,
     COMPACT_RANKS_ABOVE,
+    FR_COLUMNS_FILE,
     FR_DIR,
     FR_FILE_PREFIX,
     FR_TAIL_PREFIX,
@@ -58,6 +59,7 @@ from hangwatch.formats.files import (
     fr_file_prefix,
     fr_tail_prefix,
     is_full_fr_name,
+    is_tail_fr_name,
     rank_range,
     tail_name_for,
 )
@@ -90,6 +92,7 @@ __all__ = [
     "BUNDLES_DIR",
     "COMPACT_RANKS_ABOVE",
     "FRSTATUS",
+    "FR_COLUMNS_FILE",
     "FR_DIR",
     "FR_FILE_PREFIX",
     "FR_TAIL_PREFIX",
@@ -136,6 +139,7 @@ __all__ = [
     "fr_file_prefix",
     "fr_tail_prefix",
     "is_full_fr_name",
+    "is_tail_fr_name",
     "rank_range",
     "tail_name_for",
 ]

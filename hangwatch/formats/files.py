@@ -19,6 +19,9 @@ Incident bundle (the agent's local copy and the coordinator's copy alike):
     <bundle>/rank_<R>/stacks.txt       Python stacks, all threads (when taken; a
                                        tails-first upload carries them inside
                                        meta.json instead)
+    <bundle>/nodes/node_<R>.zip        one node's phase-one files (formats.nodearchive),
+                                       with rank_<R>/fr_columns: its tails already
+                                       decoded (hangwatch.analyzer.packed)
 
 Coordinator data directory:
     <data_dir>/server.json             ServerInfo: where it listens
@@ -106,6 +109,14 @@ def is_full_fr_name(name: str) -> bool:
     return bool(_FULL_FR_RE.match(name))
 
 
+_TAIL_FR_RE = re.compile(r"^fr_tail_[A-Za-z0-9_.-]*rank_\d+$")
+
+
+def is_tail_fr_name(name: str) -> bool:
+    """fr_tail_rank_3, fr_tail_nccl2_rank_3: an FR tail of some recorder instance."""
+    return bool(_TAIL_FR_RE.match(name))
+
+
 def tail_name_for(fr_name: str) -> str:
     """The tail file that goes with a full FR file name."""
     assert fr_name.startswith("fr_"), fr_name
@@ -114,6 +125,8 @@ def tail_name_for(fr_name: str) -> str:
 
 META_FILE = "meta.json"
 STACKS_FILE = "stacks.txt"
+# In a node archive, under its lowest rank: every tail of the archive decoded.
+FR_COLUMNS_FILE = "fr_columns"
 INCIDENT_FILE = "incident.json"
 SERVER_FILE = "server.json"
 AGENT_FILE = "agent.json"  # in the run directory (AgentInfo)

@@ -67,6 +67,7 @@ class Member:
     rank: int
     name: str  # the file's name in its rank's directory
     size: int  # uncompressed, as declared
+    crc: int = 0  # CRC-32 of the uncompressed bytes, as declared (checked on read)
 
     @property
     def member(self) -> str:
@@ -106,7 +107,7 @@ def members_of(z: zipfile.ZipFile, archive: str) -> list[Member]:
         total += info.file_size
         if total > MAX_TOTAL_BYTES:
             raise ArchiveError(f"members declare more than {MAX_TOTAL_BYTES} bytes in all")
-        out.append(Member(archive, int(m.group(1)), m.group(2), info.file_size))
+        out.append(Member(archive, int(m.group(1)), m.group(2), info.file_size, info.CRC))
     return out
 
 
@@ -204,6 +205,25 @@ def read(member: Member, limit: int) -> bytes:
     if len(data) > limit:
         raise ArchiveError(f"{member.member} is over the {limit}-byte limit")
     return data
+
+
+def read_bytes(data: bytes, member: Member, limit: int = MAX_MEMBER_BYTES) -> bytes:
+    """A member of an archive held in memory (`check` listed it)."""
+    if member.size > limit:
+        raise ArchiveError(f"{member.member} is {member.size} bytes, over the {limit}-byte limit")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z, z.open(member.member) as f:
+            out = f.read(limit + 1)
+    except (zipfile.BadZipFile, zlib.error, KeyError, OSError, EOFError, RuntimeError) as e:
+        raise ArchiveError(f"{member.member}: cannot read: {e}") from None
+    if len(out) > limit:
+        raise ArchiveError(f"{member.member} is over the {limit}-byte limit")
+    return out
+
+
+def crc32(data: bytes) -> int:
+    """The CRC-32 a zip member of these bytes declares."""
+    return zlib.crc32(data) & 0xFFFFFFFF
 
 
 def stored_file(bundle: Path, rank: int, name: str, limit: int = MAX_MEMBER_BYTES) -> bytes | None:

@@ -19,6 +19,7 @@ import pytest
 from hangwatch.agent import collector, endpoint
 from hangwatch.agent.ranks import poll_rank
 from hangwatch.agent.service import Agent
+from hangwatch.analyzer import packed
 from hangwatch.analyzer.parse import parse_dump_bytes
 
 from hangwatch import formats, hook_protocol
@@ -275,6 +276,18 @@ def test_agent_two_phase_collection_with_the_real_coordinator(
     local = hang_job.run_dir / "bundles" / incident_dir.name
     # Phase one went up as one archive for the node (BundleChunk.node_archive).
     assert [p.name for p in nodearchive.archives(incident_dir)] == ["node_0.zip"]
+    # The agent decoded its tails (in a child process) and sent them along;
+    # the analyzer took both ranks from them.
+    cols = nodearchive.stored_file(incident_dir, 0, formats.FR_COLUMNS_FILE)
+    assert cols is not None
+    members = {m.member: m for m in nodearchive.list_members(incident_dir / "nodes" / "node_0.zip")}
+    assert sorted(packed.unpack(cols, members)) == [
+        "rank_0/fr_tail_rank_0",
+        "rank_1/fr_tail_rank_1",
+    ]
+    assert not [e for e in row.report.errors if formats.FR_COLUMNS_FILE in e.file], (
+        row.report.errors
+    )
     for rank in (0, 1):
         for name in (f"fr_tail_rank_{rank}", "meta.json"):
             mine = (local / f"rank_{rank}" / name).read_bytes()

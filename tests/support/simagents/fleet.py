@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
+from hangwatch.analyzer import packed
+
 from hangwatch import formats, frtail
 from tests.support.simagents.agent import FleetSpec, SimAgent
 from tests.support.simagents.constants import KINDS, RANKS_PER_AGENT
@@ -43,6 +45,8 @@ class FleetState:
         self._digests: dict[tuple[int, RankPos], str] = {}
         self._metas: dict[int, tuple[bytes, str]] = {}
         self._phase_one: dict[tuple[int, RankPos, int], list[tuple[str, bytes, str]]] = {}
+        # A node's decoded tails (hangwatch.analyzer.packed), by its tails' digests.
+        self._columns: dict[tuple[str, ...], bytes | None] = {}
         self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-sha")
 
     def spawn(self, coro: Any) -> None:
@@ -136,6 +140,27 @@ class FleetState:
             else:
                 key = (r, pos, frtail.DEFAULT_CONTEXT)
                 self._phase_one[key] = self.phase_one_files(r, pos, key[2], 10_000 + r)
+        if not self.spec.prehash_full:
+            # Each real agent decodes its own node's tails; here, ahead.
+            for a in self.agents:
+                tails = [
+                    (r, *f)
+                    for r in a.ranks
+                    if r in final
+                    for f in self._phase_one.get((r, final[r], frtail.DEFAULT_CONTEXT), [])
+                    if formats.is_tail_fr_name(f[0])
+                ]
+                self._columns[tuple(d for *_, d in tails)] = packed.pack(
+                    [(r, n, b) for r, n, b, _ in tails]
+                )
+
+    def node_columns(self, tails: list[tuple[int, str, bytes, str]]) -> bytes | None:
+        """The columns member of a node's tails ((rank, name, bytes, sha256) each),
+        built ahead when they are the ones expected, else now."""
+        key = tuple(d for *_, d in tails)
+        if key in self._columns:
+            return self._columns.pop(key)
+        return packed.pack([(r, n, b) for r, n, b, _ in tails])
 
     def stats(self) -> dict[str, Any]:
         return merge_stats([asdict(a.stats) for a in self.agents])

@@ -84,6 +84,17 @@ class DumpUploads:
         """(name, bytes, sha256 hex) of one rank's phase-one files."""
         return self.fleet.phase_one_files(rank, pos, context, self.pids[rank])
 
+    def _with_columns(
+        self, members: list[tuple[int, str, bytes]], files: list[tuple[int, str, bytes, str]]
+    ) -> list[tuple[int, str, bytes]]:
+        """The archive's members and, as the real agent adds it, its columns
+        member (agent.uploader.node_columns; decoded in-process here, by the
+        same code, mostly ahead of the dump)."""
+        cols = self.fleet.node_columns([f for f in files if formats.is_tail_fr_name(f[1])])
+        if not cols:
+            return members
+        return [*members, (min(r for r, _, _ in members), formats.FR_COLUMNS_FILE, cols)]
+
     async def _upload_tails(
         self, rec: DumpRecord, incident_id: str, idx: int, context: int
     ) -> tuple[list[int], list[pb.RankFailure]]:
@@ -102,7 +113,7 @@ class DumpUploads:
             built = await asyncio.to_thread(
                 lambda: list(
                     archive_chunks(
-                        [(r, name, data) for r, name, data, _ in files],
+                        self._with_columns([(r, name, data) for r, name, data, _ in files], files),
                         size=CHUNK_BYTES,
                         **self.about(incident_id),
                     )
