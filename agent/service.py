@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections import OrderedDict
@@ -63,6 +64,9 @@ class PendingDump:
     # > 0: phase one of a large incident: FR tails, metas and stacks of every
     # local rank go up in one UploadFiles stream; full dumps stay here.
     tail_context: int = 0
+    # The tail decoder child (uploader.start_decoder), started with the
+    # collection and used (or stopped) by the first phase-one upload.
+    decoder: subprocess.Popen[bytes] | None = None
 
 
 @dataclass
@@ -523,6 +527,27 @@ class Agent:
             live = {t.rank for t in trackers}
             # Exited ranks too: what they left on disk (abort, watchdog dumps).
             trackers += [t for r, t in self.exited.items() if r not in live]
+        # Phase one goes as a node archive with the tails decoded; the decoder
+        # starts now, to load while the ranks are dumped.
+        decoder = (
+            uploader.start_decoder() if tail_context > 0 and self.client.node_archives else None
+        )
+        try:
+            bundles = self._collect_ranks(trackers, incident_id, tail_context)
+        except BaseException:
+            uploader.stop_decoder(decoder)
+            raise
+        p = PendingDump(
+            incident_id=incident_id, bundles=bundles, tail_context=tail_context, decoder=decoder
+        )
+        with self._pending_lock:
+            self.pending[incident_id] = p
+        self._collected.add(incident_id)
+        return p
+
+    def _collect_ranks(
+        self, trackers: list[RankTracker], incident_id: str, tail_context: int
+    ) -> list[collector.RankBundle]:
         gpu = collector.gpu_snapshot()
         # error_ns is 0 until a round trip measured the offset.
         clock = (self.clock.offset_ns, self.clock.error_ns) if self.clock.error_ns else None
@@ -539,12 +564,7 @@ class Agent:
             )
             for t in trackers
         ]
-        bundles = [f.result() for f in futures]
-        p = PendingDump(incident_id=incident_id, bundles=bundles, tail_context=tail_context)
-        with self._pending_lock:
-            self.pending[incident_id] = p
-        self._collected.add(incident_id)
-        return p
+        return [f.result() for f in futures]
 
     def _try_finish(self, p: PendingDump) -> None:
         try:
@@ -569,11 +589,16 @@ class Agent:
                     p.uploaded.add((b.rank, name))
                 elif (b.rank, name) not in p.uploaded:
                     todo.append((os.path.join(b.directory, name), b.rank))
+        decoder, p.decoder = p.decoder, None
+        if not todo or not self.client.node_archives:
+            uploader.stop_decoder(decoder)
         if not todo:
             return
         try:
             if self.client.node_archives:
-                uploader.upload_node_archive(self.client, todo, incident_id=p.incident_id)
+                uploader.upload_node_archive(
+                    self.client, todo, incident_id=p.incident_id, decoder=decoder
+                )
             else:
                 uploader.upload_files(self.client, todo, incident_id=p.incident_id)
         except RuntimeError as e:

@@ -150,17 +150,21 @@ def upload_files(
 
 
 def upload_node_archive(
-    client: CoordinatorClient, files: list[tuple[str, int]], *, incident_id: str
+    client: CoordinatorClient,
+    files: list[tuple[str, int]],
+    *,
+    incident_id: str,
+    decoder: subprocess.Popen[bytes] | None = None,
 ) -> pb.UploadFilesAck:
     """Several small files, (path, rank) each, as one node archive in one
     UploadFiles stream (BundleChunk.node_archive): the coordinator stores one
     file for the node instead of one per rank and name."""
     size = chunk_size(client.cfg.auth.max_message_bytes)
+    columns = node_columns(files, decoder)  # first: it owns the decoder
     members = []
     for path, rank in files:
         with open(path, "rb") as f:
             members.append((rank, os.path.basename(path), f.read()))
-    columns = node_columns(files)
     if columns:
         members.append((min(r for _, r in files), formats.FR_COLUMNS_FILE, columns))
     ack = client.upload_files(
@@ -182,41 +186,72 @@ def upload_node_archive(
 
 
 # Decoding a node's tails in a child process (hangwatch.analyzer.packed)
-# takes 0.2-0.4 s here, most of it the interpreter and numpy starting. Past
-# this the archive goes without: the analyzer then decodes the tails itself.
+# takes 0.16-0.24 s here, most of it the interpreter and numpy starting; the
+# agent starts the child when a DUMP arrives (`start_decoder`), so that this
+# overlaps the ranks' dumps. Past the timeout the archive goes without: the
+# analyzer then decodes the tails itself.
 COLUMNS_TIMEOUT_S: Final = 20.0
 
 
-def node_columns(files: list[tuple[str, int]]) -> bytes | None:
+def start_decoder() -> subprocess.Popen[bytes] | None:
+    """The decoder child, waiting on stdin for the tails (`node_columns`).
+    Decoding needs numpy, which the sidecar never loads (~20 MB it would keep
+    for good), and a decoder that fails or hangs costs the upload only its
+    columns. The child exits when its stdin closes, the agent's exit included."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hangwatch.analyzer.packed", "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as e:
+        log.warning("cannot start the tail decoder (%s); tails go as they are", e)
+        return None
+
+
+def stop_decoder(proc: subprocess.Popen[bytes] | None) -> None:
+    """A decoder child that was not needed after all."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def node_columns(
+    files: list[tuple[str, int]], decoder: subprocess.Popen[bytes] | None = None
+) -> bytes | None:
     """The node's FR tails among `files` ((path, rank) each), decoded into
-    one archive member, or None. In a child process: decoding needs numpy,
-    which the sidecar never loads (~20 MB it would keep for good), and a
-    decoder that fails or hangs costs the upload only its columns."""
+    one archive member by a decoder child (`decoder`, else one started
+    now), or None."""
     tails = [
         f"{rank}:{path}" for path, rank in files if formats.is_tail_fr_name(os.path.basename(path))
     ]
     if not tails:
+        stop_decoder(decoder)
         return None
-    cmd = [sys.executable, "-m", "hangwatch.analyzer.packed", *tails]
+    proc = decoder if decoder is not None else start_decoder()
+    if proc is None:
+        return None
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=COLUMNS_TIMEOUT_S, check=False)
+        out, err = proc.communicate("\n".join(tails).encode(), timeout=COLUMNS_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
+        stop_decoder(proc)
         log.warning(
             "decoding %d tails for the coordinator failed (%s); sending them as they are",
             len(tails),
             e,
         )
         return None
-    if done.returncode != 0:
-        err = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    if proc.returncode != 0:
+        lines = err.decode("utf-8", "replace").strip().splitlines()
         log.warning(
             "decoding %d tails for the coordinator exited %d (%s); sending them as they are",
             len(tails),
-            done.returncode,
-            err[-1][:300] if err else "no message",
+            proc.returncode,
+            lines[-1][:300] if lines else "no message",
         )
         return None
-    return done.stdout or None
+    return out or None
 
 
 def archive_chunks(

@@ -445,11 +445,15 @@ def _bool(v: Any, what: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m hangwatch.analyzer.packed RANK:PATH ...`: the columns
-    member of those tails on stdout (nothing when none decoded). Run by the
-    agent, which never loads numpy itself."""
+    """`python -m hangwatch.analyzer.packed RANK:PATH ...` (or `-`: those
+    lines on stdin, the agent's way): the columns member of those tails on
+    stdout, nothing when none decoded. Run by the agent, which never loads
+    numpy itself."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["-"]:
+        args = sys.stdin.read().split("\n")
     tails: list[tuple[int, str, bytes]] = []
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in filter(None, args):
         rank, _, path = arg.partition(":")
         if not rank.isdigit() or not path:
             print(f"hangwatch.analyzer.packed: {arg[:200]!r} is not RANK:PATH", file=sys.stderr)

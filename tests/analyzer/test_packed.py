@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hangwatch.agent.uploader import node_columns
+from hangwatch.agent.uploader import node_columns, start_decoder, stop_decoder
 from hangwatch.analyzer import packed
 from hangwatch.analyzer.discovery import discover
 from hangwatch.analyzer.loader import LoadedDumps, load_dumps
@@ -304,5 +304,18 @@ def test_the_agents_child_process_decodes_a_nodes_tails(tmp_path: Path) -> None:
     bad.write_bytes(b"not a dump at all")
     assert node_columns(files) == packed.pack(tails)
     assert node_columns([*files, (str(bad), 2)]) == packed.pack(tails)
-    assert node_columns([f for f in files if f[0].endswith(formats.META_FILE)]) is None
     assert node_columns([(str(tmp_path / "gone" / f"{formats.FR_TAIL_PREFIX}5"), 5)]) is None
+    # Started ahead (at the DUMP command, as the agent does), then fed.
+    ahead = start_decoder()
+    assert ahead is not None
+    assert node_columns(files, ahead) == packed.pack(tails)
+    assert ahead.returncode == 0
+    # Not needed after all (no tail to decode): the child is stopped, not left waiting.
+    unused = start_decoder()
+    assert unused is not None
+    assert node_columns([f for f in files if f[0].endswith(formats.META_FILE)], unused) is None
+    assert unused.returncode is not None
+    idle = start_decoder()
+    assert idle is not None
+    stop_decoder(idle)
+    assert idle.returncode is not None
