@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hangwatch.analyzer.discovery import discover
+from hangwatch.analyzer.reading import read_packed
 
 from hangwatch import formats
 from hangwatch.formats import nodearchive
@@ -205,5 +207,15 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
         if full_path.is_file():
             assert full_path.read_bytes() == full.dump_bytes(r, pos), f"rank {r}"
     assert not list(bundle.rglob("*.part"))
+    if two_phase:
+        # Each archive carries its node's tails decoded (hangwatch.analyzer.packed),
+        # and the analyzer takes every tail from them.
+        found = discover(bundle, None)
+        assert len(found.columns) == RANKS // 8
+        tails_found = [c for c in found.dumps if c.member is not None]
+        done, errors = read_packed(
+            tails_found, found.columns, max_bytes=1 << 30, max_entries=1 << 20
+        )
+        assert errors == [] and len(done) == len(tails_found) == RANKS
     # Either way the lagging rank's stacks reach the verdict's evidence.
     assert "_bias_dropout_add" in (inc["report"]["evidence"][str(LAGGING)]["stacks"] or "")

@@ -13,7 +13,7 @@ import os
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +23,7 @@ from hangwatch import formats, frtail
 from tests.support.simagents.agent import FleetSpec, SimAgent
 from tests.support.simagents.constants import KINDS, RANKS_PER_AGENT
 from tests.support.simagents.dumps import DumpFactory, stacks_text
+from tests.support.simagents.packer import Packer
 from tests.support.simagents.topology import Clock, Hang, RankPos, Topology, rank_pos, sweep
 
 
@@ -45,8 +46,10 @@ class FleetState:
         self._digests: dict[tuple[int, RankPos], str] = {}
         self._metas: dict[int, tuple[bytes, str]] = {}
         self._phase_one: dict[tuple[int, RankPos, int], list[tuple[str, bytes, str]]] = {}
-        # A node's decoded tails (hangwatch.analyzer.packed), by its tails' digests.
-        self._columns: dict[tuple[str, ...], bytes | None] = {}
+        # A node's decoded tails (hangwatch.analyzer.packed), by its tails'
+        # digests, decoded ahead in a process of their own (`_packer`).
+        self._columns: dict[tuple[str, ...], Future[bytes | None]] = {}
+        self._packer: Packer | None = None
         self._hasher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-sha")
 
     def spawn(self, coro: Any) -> None:
@@ -141,7 +144,10 @@ class FleetState:
                 key = (r, pos, frtail.DEFAULT_CONTEXT)
                 self._phase_one[key] = self.phase_one_files(r, pos, key[2], 10_000 + r)
         if not self.spec.prehash_full:
-            # Each real agent decodes its own node's tails; here, ahead.
+            # Each real agent decodes its own node's tails on its node; here,
+            # ahead, in a child of this fleet process (see packer.py).
+            if self._packer is None:
+                self._packer = Packer()
             for a in self.agents:
                 tails = [
                     (r, *f)
@@ -150,16 +156,16 @@ class FleetState:
                     for f in self._phase_one.get((r, final[r], frtail.DEFAULT_CONTEXT), [])
                     if formats.is_tail_fr_name(f[0])
                 ]
-                self._columns[tuple(d for *_, d in tails)] = packed.pack(
+                self._columns[tuple(d for *_, d in tails)] = self._packer.submit(
                     [(r, n, b) for r, n, b, _ in tails]
                 )
 
     def node_columns(self, tails: list[tuple[int, str, bytes, str]]) -> bytes | None:
         """The columns member of a node's tails ((rank, name, bytes, sha256) each),
         built ahead when they are the ones expected, else now."""
-        key = tuple(d for *_, d in tails)
-        if key in self._columns:
-            return self._columns.pop(key)
+        ahead = self._columns.pop(tuple(d for *_, d in tails), None)
+        if ahead is not None:
+            return ahead.result()
         return packed.pack([(r, n, b) for r, n, b, _ in tails])
 
     def stats(self) -> dict[str, Any]:
@@ -167,6 +173,8 @@ class FleetState:
 
     def close(self) -> None:
         self._hasher.shutdown(wait=False, cancel_futures=True)
+        if self._packer is not None:
+            self._packer.close()
 
 
 def _node_ranks(node: int) -> range:
