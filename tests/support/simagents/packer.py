@@ -14,6 +14,7 @@ name and bytes; an answer is a length (0: nothing decoded) and the bytes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -85,9 +86,13 @@ class Packer:
                 fut.set_exception(RuntimeError(f"simulated packer stopped: {e}"))
 
     def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
+        """Stop the child now: nodes still queued are not needed any more
+        (their futures fail), and finishing them could take minutes."""
+        self._proc.kill()
         self._proc.wait(timeout=30)
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
         self._reader.join(timeout=30)
 
 
@@ -102,10 +107,13 @@ def serve() -> None:
             return
         (n,) = _U32.unpack(head)
         tails = []
-        for _ in range(n):
-            rank = _u32(inp)
-            name = _read_exact(inp, _u32(inp)).decode()
-            tails.append((rank, name, _read_exact(inp, _u32(inp))))
+        try:
+            for _ in range(n):
+                rank = _u32(inp)
+                name = _read_exact(inp, _u32(inp)).decode()
+                tails.append((rank, name, _read_exact(inp, _u32(inp))))
+        except EOFError:
+            return  # the fleet process stopped mid-request: nobody waits for it
         got = packed.pack(tails) or b""
         out.write(_U32.pack(len(got)) + got)
         out.flush()
