@@ -51,6 +51,11 @@ class Packer:
             cwd=_ROOT,
             env={**os.environ, "PYTHONPATH": str(_ROOT)},
         )
+        # Writers queue their future and write under one lock (answers come
+        # back in that order); the reader takes futures under another, never
+        # held across pipe I/O: a writer blocked on a full pipe while holding
+        # the reader's lock once stopped both ends (the child blocked writing).
+        self._write_lock = threading.Lock()
         self._lock = threading.Lock()
         self._waiting: list[Future[bytes | None]] = []
         self._reader = threading.Thread(target=self._read, name="sim-packer", daemon=True)
@@ -63,8 +68,9 @@ class Packer:
             raw = name.encode()
             frame += [_U32.pack(rank), _U32.pack(len(raw)), raw, _U32.pack(len(data)), data]
         assert self._proc.stdin is not None
-        with self._lock:
-            self._waiting.append(fut)
+        with self._write_lock:
+            with self._lock:
+                self._waiting.append(fut)
             self._proc.stdin.write(b"".join(frame))
             self._proc.stdin.flush()
         return fut
