@@ -134,31 +134,30 @@ class FleetState:
     def _prehash(self, final: dict[int, RankPos]) -> None:
         # What the DUMP will send, built while the stall timeout runs: real
         # agents build theirs on 512 machines at once, not on one event loop.
-        for r, pos in final.items():
-            if self.spec.prehash_full:
+        if self.spec.prehash_full:
+            for r, pos in final.items():
                 data = self.dumps.dump_bytes(r, pos)
                 self._digests[(r, pos)] = hashlib.sha256(data).hexdigest()
                 meta = self.meta_bytes(r)
                 self._metas[r] = (meta, hashlib.sha256(meta).hexdigest())
-            else:
-                key = (r, pos, frtail.DEFAULT_CONTEXT)
-                self._phase_one[key] = self.phase_one_files(r, pos, key[2], 10_000 + r)
-        if not self.spec.prehash_full:
-            # Each real agent decodes its own node's tails on its node; here,
-            # ahead, in a child of this fleet process (see packer.py).
-            if self._packer is None:
-                self._packer = Packer()
-            for a in self.agents:
-                tails = [
-                    (r, *f)
-                    for r in a.ranks
-                    if r in final
-                    for f in self._phase_one.get((r, final[r], frtail.DEFAULT_CONTEXT), [])
-                    if formats.is_tail_fr_name(f[0])
-                ]
-                self._columns[tuple(d for *_, d in tails)] = self._packer.submit(
-                    [(r, n, b) for r, n, b, _ in tails]
-                )
+            return
+        # Each real agent decodes its own node's tails on its node; here, in a
+        # child of this fleet process (see packer.py), node by node as soon as
+        # its files are built: queued after all of them, the decoding of
+        # 1,024 nodes was still running when the DUMP came.
+        if self._packer is None:
+            self._packer = Packer()
+        for a in self.agents:
+            tails: list[tuple[int, str, bytes, str]] = []
+            for r in a.ranks:
+                if r not in final:
+                    continue
+                key = (r, final[r], frtail.DEFAULT_CONTEXT)
+                files = self._phase_one[key] = self.phase_one_files(r, final[r], key[2], 10_000 + r)
+                tails += [(r, *f) for f in files if formats.is_tail_fr_name(f[0])]
+            self._columns[tuple(d for *_, d in tails)] = self._packer.submit(
+                [(r, n, b) for r, n, b, _ in tails]
+            )
 
     def node_columns(self, tails: list[tuple[int, str, bytes, str]]) -> bytes | None:
         """The columns member of a node's tails ((rank, name, bytes, sha256) each),
