@@ -132,3 +132,37 @@ def test_members_read_back_byte_for_byte_and_damage_is_refused(tmp_path: Path) -
             nodearchive.read(last, nodearchive.MAX_MEMBER_BYTES)
     finally:
         nodearchive.release()
+
+
+def test_members_are_read_at_their_offset_and_a_bad_local_header_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`read` goes to a member's local header from the central directory's
+    offset: stored members and members with an extra field read back exactly
+    (what zipfile gives), and a damaged local header is an ArchiveError."""
+    path = tmp_path / nodearchive.archive_name(0)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(zipfile.ZipInfo("rank_0/stored"), b"plain bytes" * 100)  # ZIP_STORED
+        info = zipfile.ZipInfo("rank_0/deflated")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.extra = b"\xfe\xca\x04\x00abcd"  # an extra field in the local header
+        z.writestr(info, os.urandom(64) * 40)
+    members = {m.name: m for m in nodearchive.list_members(path)}
+    assert members["stored"].offset >= 0 and members["deflated"].offset >= 0
+    try:
+        with zipfile.ZipFile(path) as z:
+            for m in members.values():
+                assert nodearchive.read(m, nodearchive.MAX_MEMBER_BYTES) == z.read(m.member)
+    finally:
+        nodearchive.release()
+    data = bytearray(path.read_bytes())
+    at = members["deflated"].offset
+    data[at : at + 4] = b"PK\x09\x09"
+    path.write_bytes(bytes(data))
+    try:
+        with pytest.raises(nodearchive.ArchiveError, match="cannot read: bad magic"):
+            nodearchive.read(members["deflated"], nodearchive.MAX_MEMBER_BYTES)
+        # The other member is untouched and still reads.
+        assert nodearchive.read(members["stored"], 1 << 20) == b"plain bytes" * 100
+    finally:
+        nodearchive.release()
