@@ -28,7 +28,7 @@ import struct
 import threading
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -219,14 +219,24 @@ def read(member: Member, limit: int) -> bytes:
     """A member's bytes, at most `limit` (ArchiveError past it, on a bad CRC,
     a damaged header or deflate stream). Keeps the archive open for the next
     member read on this thread (`release` closes it)."""
+
+    def through_zipfile() -> bytes:
+        with zipfile.ZipFile(member.archive) as z, z.open(member.member) as f:
+            return f.read(limit + 1)
+
+    def direct() -> bytes:
+        return _read_direct(member)
+
+    return _limited(member, limit, through_zipfile if member.offset < 0 else direct)
+
+
+def _limited(member: Member, limit: int, fetch: Callable[[], bytes]) -> bytes:
+    """`fetch`'s bytes of `member`, with the size limit and every way a
+    member can be unreadable turned into one ArchiveError."""
     if member.size > limit:
         raise ArchiveError(f"{member.member} is {member.size} bytes, over the {limit}-byte limit")
     try:
-        if member.offset < 0:
-            with zipfile.ZipFile(member.archive) as z, z.open(member.member) as f:
-                data = f.read(limit + 1)
-        else:
-            data = _read_direct(member)
+        data = fetch()
     except (zipfile.BadZipFile, zlib.error, KeyError, OSError, EOFError, RuntimeError) as e:
         # BadZipFile: a bad CRC or header; zlib.error: a corrupt deflate
         # stream; RuntimeError: an encrypted member.
@@ -257,23 +267,19 @@ def _read_direct(member: Member) -> bytes:
             raise zipfile.BadZipFile("deflate stream does not end at the declared size")
     else:
         data = raw
-    if len(data) != member.size or (zlib.crc32(data) & 0xFFFFFFFF) != member.crc:
+    if len(data) != member.size or crc32(data) != member.crc:
         raise zipfile.BadZipFile(f"bad CRC-32 for file {member.member!r}")
     return data
 
 
 def read_bytes(data: bytes, member: Member, limit: int = MAX_MEMBER_BYTES) -> bytes:
     """A member of an archive held in memory (`check` listed it)."""
-    if member.size > limit:
-        raise ArchiveError(f"{member.member} is {member.size} bytes, over the {limit}-byte limit")
-    try:
+
+    def from_memory() -> bytes:
         with zipfile.ZipFile(io.BytesIO(data)) as z, z.open(member.member) as f:
-            out = f.read(limit + 1)
-    except (zipfile.BadZipFile, zlib.error, KeyError, OSError, EOFError, RuntimeError) as e:
-        raise ArchiveError(f"{member.member}: cannot read: {e}") from None
-    if len(out) > limit:
-        raise ArchiveError(f"{member.member} is over the {limit}-byte limit")
-    return out
+            return f.read(limit + 1)
+
+    return _limited(member, limit, from_memory)
 
 
 def crc32(data: bytes) -> int:
