@@ -1,9 +1,11 @@
 """A node's FR tails decoded on the node: one archive member read instead of every tail decoded.
 
-Why: the analyzer spent about 1 ms a rank reading, unpickling and decoding FR
-tails (22 s at 16,384 ranks on one core), work that grows with the job while
-the coordinator does not. Each agent decoding its own node's ~8 tails costs
-that node a few milliseconds; the analyzer then reads one member per node.
+Why: the analyzer spent about 1.3 ms a rank reading, unpickling and decoding
+FR tails (23-26 s at 16,384 ranks on one core), work that grows with the job
+while the coordinator does not. Each agent decoding its own node's ~8 tails
+costs that node ~8 ms (57 ms with its child process, started ahead); the
+analyzer then reads one member per node (11-15 s at 16,384 ranks,
+docs/benchmarks.md).
 
 The member, `rank_<R>/fr_columns` of a node archive (R: the archive's lowest
 rank; `formats.FR_COLUMNS_FILE`), holds the `ParsedDump` of each tail of the
@@ -11,11 +13,12 @@ archive, exactly as `decode.decode_dumps` built it:
 
     MAGIC | header length (uint32, little-endian) | header (JSON) | arrays
 
-- header: the decoder's identity, a table of distinct stack frames, and per
-  dump its member name, the tail's CRC-32 and size, row count, the
-  normalized scalars (`ParsedDump`'s fields), each string column's distinct
-  values, and its frames as indices into the table (a node's entries repeat
-  the same few stacks);
+- header: the decoder's identity; node-level tables of the distinct frames,
+  stacks (lists of frames), value lists and groups (a node's ranks share most
+  of them, so each is written and checked once); and per dump its member
+  name, the tail's CRC-32 and size, row count, the normalized scalars
+  (`ParsedDump`'s fields), and indices into those tables for its string
+  columns' values, its groups and its entries' stacks;
 - arrays: each of `decode.ENTRY_COLUMNS` in order, every dump's rows one
   after the other; string columns as int32 codes into that dump's values.
   Offsets follow from the row count, so nothing in the header can point
