@@ -65,6 +65,9 @@ _GROUP_FACTORIES = (
     "split_group",
 )
 _WRAPPED_MARK = "_hangwatch_wrapped"
+# At exit, after the socket is removed: how long requests already accepted get
+# to finish (see _at_exit). The status handler answers in microseconds.
+EXIT_DRAIN_S = 0.05
 _TIMEOUT_RE = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
@@ -487,6 +490,15 @@ def _at_exit() -> None:
         log.exception("hangwatch: could not write the final FR status")
     with contextlib.suppress(OSError):
         os.unlink(st.socket_path)
+    # No new request can connect now, but one already accepted may be waiting
+    # for the GIL on a worker-server thread. Once finalization starts, such a
+    # thread is ended by pthread_exit, whose unwinding the server's C++
+    # catch-all swallows: "FATAL: exception not rethrown", and a rank that
+    # finished its job dies of SIGABRT (torchrun then fails the job). Seen in
+    # a full test run; with 4 clients polling the status handler through the
+    # exit, 5 and 11 of 20 exits aborted, 0 of 20 with this drain
+    # (benchmarks/exit_race.py). Releasing the GIL this long lets them finish.
+    time.sleep(EXIT_DRAIN_S)
 
 
 # --- 4. timeout events ----------------------------------------------------
