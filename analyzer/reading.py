@@ -235,10 +235,11 @@ def read_packed(
     (hangwatch.analyzer.packed), by index into `cands`; the rest are read
     as files. A damaged columns member is one FileError and its tails are
     decoded instead; one from another decoder is passed over silently."""
-    by_archive: dict[str, dict[str, int]] = {}
+    # archive -> member name -> (index into cands, its member)
+    by_archive: dict[str, dict[str, tuple[int, nodearchive.Member]]] = {}
     for i, c in enumerate(cands):
         if c.member is not None and c.path in columns and c.size <= max_bytes:
-            by_archive.setdefault(c.path, {})[c.member.member] = i
+            by_archive.setdefault(c.path, {})[c.member.member] = (i, c.member)
     out: dict[int, Result] = {}
     errors: list[FileError] = []
     try:
@@ -247,7 +248,7 @@ def read_packed(
             try:
                 got = packed.unpack(
                     nodearchive.read(m, packed.MAX_BYTES),
-                    {name: cands[i].member for name, i in wanted.items()},  # type: ignore[misc]
+                    {name: member for name, (_, member) in wanted.items()},
                 )
             except packed.StaleDecoder:
                 continue
@@ -257,8 +258,9 @@ def read_packed(
                 )
                 continue
             for name, p in got.items():
+                i = wanted[name][0]
                 if p.n_entries <= max_entries:
-                    out[wanted[name]] = (cands[wanted[name]], p, None)
+                    out[i] = (cands[i], p, None)
     finally:
         nodearchive.release()
     return out, errors

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -74,8 +75,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="hangwatch-exit-") as tmp:
         anchor = _aborts(args.runs, 0.0, tmp)
         now = _aborts(args.runs, EXIT_DRAIN_S, tmp)
