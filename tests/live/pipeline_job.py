@@ -34,6 +34,14 @@ import torch.distributed as dist
 WIDTH = 16
 
 
+def _mark(path: Path, text: str) -> None:
+    """Write a marker the test polls for, whole or not at all: a plain write_text made
+    the file exist empty for a moment, and a test that read it then failed (CI, stop 36)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def stall(how: str, seconds: float) -> None:
     end = time.monotonic() + seconds
     if how == "spin":
@@ -70,14 +78,14 @@ def main() -> int:
         forward = torch.compile(stage_forward)
         forward(torch.randn(4, WIDTH), w)
         if mark:
-            (Path(mark) / f"compiled_{rank}").write_text(f"{time.monotonic() - t0:.3f}")
+            _mark(Path(mark) / f"compiled_{rank}", f"{time.monotonic() - t0:.3f}")
     start = time.monotonic()
     stalled = False
     for step in range(steps):
         if rank == stall_rank and not stalled and time.monotonic() - start >= stall_after:
             stalled = True
             if mark:
-                (Path(mark) / "stalled").write_text(f"{time.time():.3f} {step}")
+                _mark(Path(mark) / "stalled", f"{time.time():.3f} {step}")
             stall(how, stall_for)
         if rank == 0:
             x = torch.randn(4, WIDTH)
