@@ -153,6 +153,30 @@ class AgentRecord:
     # The session's group table (progress_columns.group_table of its
     # RegisterRequest): ProgressColumns.cell_group indexes it.
     group_names: tuple[str, ...] = ()
+    # What its last columnar report's ranks and cells resolved to, reused
+    # while they and the job's layout stay the same (registry._cell_plan).
+    plan: CellPlan | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class CellPlan:
+    """One agent's columnar report layout, resolved to records: an agent sends
+    the same ranks and cells in the same order report after report, and
+    looking each up again (a rank's record, its group's two records) was a
+    third of the registry's work per report (benchmarks/ingest_path.py).
+    Valid while the job's `layout` is the one it was made under: only a
+    registration changes which records a rank or group maps to."""
+
+    layout: int
+    rank: tuple[int, ...]
+    cell_rank: tuple[int, ...]
+    cell_group: tuple[int, ...]
+    rows: tuple[RankRecord, ...]
+    # Per cell, its rank's record of the group and the job's (two flat tuples:
+    # a pair per cell was 250 bytes a rank more); None in both for a group
+    # the rank never registered (its numbers are not applied).
+    rank_groups: tuple[RankGroupRecord | None, ...]
+    groups: tuple[GroupRecord | None, ...]
 
 
 @dataclass(slots=True)
@@ -181,6 +205,9 @@ class JobRecord:
     # clock runs from here; a launch that stops short (a node that never
     # comes up) is paged the bound after its last new rank.
     last_new_rank: float = 0.0
+    # Bumped by every registration in the job: which records a rank and a
+    # group name map to changes only then (AgentRecord.plan).
+    layout: int = 0
     # Reports that moved a counter past a rank's first numbers, when the last
     # one arrived and the longest gap between two: whether the job was making
     # steady progress, for the no-progress rule (stalls.scan_quiet).

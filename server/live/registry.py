@@ -23,6 +23,7 @@ from hangwatch.server.live.commands import Command
 from hangwatch.server.live.detector import JobQuiet, quiet_bound
 from hangwatch.server.live.records import (
     AgentRecord,
+    CellPlan,
     GroupRecord,
     JobRecord,
     RankGroupRecord,
@@ -168,6 +169,7 @@ class JobRegistry:
                 self._evict_if_full()
                 job = self._jobs[req.job_id] = JobRecord(job_id=req.job_id)
             job.last_seen = now
+            job.layout += 1
             if req.ranks and not job.started:
                 # From its first rank, not its first agent: an agent starts
                 # before its ranks and registers none, and the ranks' import of
@@ -281,13 +283,16 @@ class JobRegistry:
             job, agent = self._live(req.session_id, req.job_id, req.agent_id)
             if req.report_seq and req.report_seq <= agent.report_seq:
                 return  # a retried or reordered report: already applied
+            # Every rank resolved before anything is stored: a report naming a
+            # rank the agent no longer holds changes nothing (StaleSession).
+            rows = [self._reported_rank(job, agent, rp.rank) for rp in req.ranks]
+            plan = None if columns is None else self._cell_plan(job, agent, columns)
             agent.report_seq = max(agent.report_seq, req.report_seq)
             agent.last_report = now
             agent.lost = False
             job.last_seen = now
             moved = False
-            for rp in req.ranks:
-                r = self._reported_rank(job, agent, rp.rank)
+            for r, rp in zip(rows, req.ranks, strict=True):
                 demand = rp.cpu_time_ns + rp.runqueue_wait_ns if rp.cpu_time_ns else 0
                 self._apply_rank(
                     r,
@@ -318,8 +323,8 @@ class JobRegistry:
                         coll,
                         None if f is None else (f.seq, f.op, f.age_s),
                     )
-            if columns is not None:
-                moved |= self._apply_columns(job, agent, columns, now)
+            if columns is not None and plan is not None:
+                moved |= self._apply_columns(job, plan, columns, now)
             if moved:
                 job.note_move(now)
 
@@ -351,19 +356,12 @@ class JobRegistry:
         r.compiler_running = compiler_running
 
     def _apply_columns(
-        self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns, now: float
+        self, job: JobRecord, plan: CellPlan, c: progress_columns.Columns, now: float
     ) -> bool:
-        """The columnar form: the same steps as `ranks`, over unpacked tuples."""
-        table = agent.group_names
-        if c.cell_group and max(c.cell_group) >= len(table):
-            # Checked here, not in validate: only the session knows its table.
-            raise progress_columns.ColumnsError(
-                f"columns.cell_group: {max(c.cell_group)} is not one of the session's"
-                f" {len(table)} groups"
-            )
-        rows: list[RankRecord] = []
-        for rank, state, flags, age, cpu, wait, io in zip(
-            c.rank,
+        """The columnar form: the same steps as `ranks`, over unpacked tuples
+        (`plan` the records they resolved to)."""
+        for r, state, flags, age, cpu, wait, io in zip(
+            plan.rows,
             c.state,
             c.rank_flags,
             c.fr_age_s,
@@ -372,8 +370,6 @@ class JobRegistry:
             c.io_bytes,
             strict=True,
         ):
-            r = self._reported_rank(job, agent, rank)
-            rows.append(r)
             self._apply_rank(
                 r,
                 now,
@@ -387,9 +383,9 @@ class JobRegistry:
             )
         moved = False
         ops = c.ops
-        for i, g, flags, enq, comp, cenq, ccomp, fseq, fage, fop in zip(
-            c.cell_rank,
-            c.cell_group,
+        for rg, g, flags, enq, comp, cenq, ccomp, fseq, fage, fop in zip(
+            plan.rank_groups,
+            plan.groups,
             c.cell_flags,
             c.last_enqueued,
             c.last_completed,
@@ -400,18 +396,62 @@ class JobRegistry:
             c.in_flight_op,
             strict=True,
         ):
-            moved |= _apply_cell(
-                job,
-                rows[i],
-                table[g],
-                now,
-                enq,
-                comp,
-                bool(flags & progress_columns.COMPLETION_UNKNOWN),
-                (cenq, ccomp) if flags & progress_columns.HAS_COLLECTIVES else None,
-                (fseq, ops[fop], fage) if flags & progress_columns.HAS_IN_FLIGHT else None,
-            )
+            if rg is not None and g is not None:
+                moved |= _store_cell(
+                    job,
+                    rg,
+                    g,
+                    now,
+                    enq,
+                    comp,
+                    bool(flags & progress_columns.COMPLETION_UNKNOWN),
+                    (cenq, ccomp) if flags & progress_columns.HAS_COLLECTIVES else None,
+                    (fseq, ops[fop], fage) if flags & progress_columns.HAS_IN_FLIGHT else None,
+                )
         return moved
+
+    def _cell_plan(
+        self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns
+    ) -> CellPlan:
+        """The records `c`'s ranks and cells are applied to: the agent's last
+        plan when the job's layout and the report's ranks and cells are the
+        same as then (tuple comparisons in C), else resolved and checked again."""
+        p = agent.plan
+        if (
+            p is not None
+            and p.layout == job.layout
+            and p.cell_group == c.cell_group
+            and p.cell_rank == c.cell_rank
+            and p.rank == c.rank
+        ):
+            return p
+        table = agent.group_names
+        if c.cell_group and max(c.cell_group) >= len(table):
+            # Checked here, not in validate: only the session knows its table.
+            raise progress_columns.ColumnsError(
+                f"columns.cell_group: {max(c.cell_group)} is not one of the session's"
+                f" {len(table)} groups"
+            )
+        rows = tuple(self._reported_rank(job, agent, rank) for rank in c.rank)
+        rank_groups: list[RankGroupRecord | None] = []
+        groups: list[GroupRecord | None] = []
+        for i, gi in zip(c.cell_rank, c.cell_group, strict=True):
+            rg = rows[i].groups.get(table[gi])
+            g = job.groups.get(table[gi])
+            # A group it never registered: membership unknown, not applied.
+            known = rg is not None and g is not None
+            rank_groups.append(rg if known else None)
+            groups.append(g if known else None)
+        p = agent.plan = CellPlan(
+            layout=job.layout,
+            rank=c.rank,
+            cell_rank=c.cell_rank,
+            cell_group=c.cell_group,
+            rows=rows,
+            rank_groups=tuple(rank_groups),
+            groups=tuple(groups),
+        )
+        return p
 
     def report_entries(self, req: pb.EntryBatch) -> None:
         """Accepted and discarded: nothing ever read the entries (the dashboard
@@ -718,13 +758,31 @@ def _apply_cell(
     collectives: tuple[int, int] | None,
     in_flight: tuple[int, str, float] | None,
 ) -> bool:
-    """Store one rank's numbers for one group (GroupProgress's fields:
-    `collectives` the collectives_* pair where present, `in_flight`
-    oldest_in_flight's seq, op and age); True when they moved the job."""
+    """Store one rank's numbers for one group by name (`_store_cell`); False,
+    storing nothing, for a group it never registered: membership unknown."""
     rg = r.groups.get(group)
     g = job.groups.get(group)
     if rg is None or g is None:
-        return False  # a group it never registered: membership unknown
+        return False
+    return _store_cell(
+        job, rg, g, now, enqueued, completed, completion_unknown, collectives, in_flight
+    )
+
+
+def _store_cell(
+    job: JobRecord,
+    rg: RankGroupRecord,
+    g: GroupRecord,
+    now: float,
+    enqueued: int,
+    completed: int,
+    completion_unknown: bool,
+    collectives: tuple[int, int] | None,
+    in_flight: tuple[int, str, float] | None,
+) -> bool:
+    """Store one rank's numbers for one group (GroupProgress's fields:
+    `collectives` the collectives_* pair where present, `in_flight`
+    oldest_in_flight's seq, op and age); True when they moved the job."""
     # A rank's first numbers (a new process, or a coordinator that never saw
     # it) are where it starts, not progress.
     baseline = not rg.reported
@@ -733,19 +791,21 @@ def _apply_cell(
     moved = enqueued != rg.last_enqueued if completion_unknown else completed != rg.last_completed
     rg.last_enqueued = enqueued
     rg.last_completed = completed
+    # The two counts the stall scan compares (RankGroupRecord.counts), known
+    # here without reading them back.
+    enq, comp = enqueued, completed
     if collectives is None:
         rg.coll_enqueued, rg.coll_completed = enqueued, completed  # no p2p in the group
     elif COLLECTIVES_UNKNOWN in collectives:
         rg.coll_enqueued = rg.coll_completed = None
     else:
-        rg.coll_enqueued, rg.coll_completed = collectives
+        rg.coll_enqueued, rg.coll_completed = enq, comp = collectives
     rg.counts_p2p = collectives is not None
     rg.completion_unknown = completion_unknown
     rg.reported_at = now
     rg.reported = True
     # A p2p op in flight is not a collective in flight; where the numbering
     # is unknown, the agent's in-flight seq is in pg_status's, like these.
-    enq, comp = rg.counts()
     was, since = rg.in_flight_seq, rg.in_flight_since
     if in_flight is not None and (completion_unknown or enq > comp):
         # Where completion is unknown the agent names the op of the newest

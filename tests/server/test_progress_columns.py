@@ -19,7 +19,7 @@ import pytest
 from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.ingest import validate
 from hangwatch.server.ingest.validate import Invalid
-from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.registry import JobRegistry, StaleSession
 from hangwatch.server.live.views import JobSnapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -230,6 +230,92 @@ def test_two_registries_fed_both_forms_agree_at_every_step(
         assert as_columns.stalls("j") == as_messages.stalls("j")
         assert as_columns.quiet("j") == as_messages.quiet("j")
         assert as_columns.in_flight_key("j") == as_messages.in_flight_key("j")
+        assert as_columns.last_progress("j") == as_messages.last_progress("j")
+
+
+@st.composite
+def full_report(draw: st.DrawFn) -> list[pb.RankProgress]:
+    """Every rank, every group it is in, in the same order each time: a real
+    agent's layout, so the registry reuses what it resolved (CellPlan)."""
+    out = []
+    for r in RANKS:
+        rp = draw(rank_progress(r))
+        del rp.groups[:]
+        rp.groups.extend(draw(group_progress(n)) for n in _member_groups(r))
+        out.append(rp)
+    return out
+
+
+def _another_agent(what: str) -> pb.RegisterRequest:
+    """A registration by another agent of the job: `take` moves rank 3 to it;
+    `regroup` registers rank 4 with the world group re-created (a new
+    description), which gives the job a new record of that group."""
+    if what == "take":
+        ranks = [_infos()[3]]
+    else:
+        ranks = [
+            pb.RankInfo(
+                rank=4,
+                local_rank=0,
+                world_size=WORLD,
+                pid=2004,
+                backend="nccl",
+                groups=[pb.GroupInfo(name="0", desc="re-created", ranks=GROUPS["0"])],
+            )
+        ]
+    return pb.RegisterRequest(job_id="j", agent_id=f"b-{what}", host="h2", ranks=ranks)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(full_report(), st.floats(min_value=0, max_value=8)),
+            st.sampled_from(["take", "regroup"]),
+        ),
+        max_size=12,
+    )
+)
+def test_registrations_between_same_layout_reports_are_seen_by_the_next(
+    steps: list[tuple[list[pb.RankProgress], float] | str],
+) -> None:
+    """The columns path resolves a report's layout once and reuses it; a
+    registration between two reports of the same layout (a rank moved away, a
+    group re-created) must reach the next report as it reaches the messages
+    path: the moved rank refused, the new group record the one that moves."""
+    clock = _Clock()
+    as_messages, sid_m = _registry(clock)
+    as_columns, sid_c = _registry(clock)
+    table = group_table(_infos())
+    for seq, step in enumerate(steps, start=1):
+        if isinstance(step, str):
+            clock.t += 0.5
+            for reg in (as_messages, as_columns):
+                reg.register(_another_agent(step))
+            continue
+        ranks, dt = step
+        clock.t += dt
+        cols, rest = encode(ranks, table)
+        req_c = pb.ProgressReport(
+            job_id="j", agent_id="a", session_id=sid_c, report_seq=seq, ranks=rest, columns=cols
+        )
+        req_m = pb.ProgressReport(
+            job_id="j", agent_id="a", session_id=sid_m, report_seq=seq, ranks=ranks
+        )
+        outcomes = []
+        for reg, req, checked in (
+            (as_messages, req_m, None),
+            (as_columns, req_c, validate.progress_report(req_c)),
+        ):
+            try:
+                reg.report_progress(req, checked)
+                outcomes.append("applied")
+            except StaleSession:
+                outcomes.append("stale")
+        assert outcomes[0] == outcomes[1], outcomes
+        assert _state(as_columns) == _state(as_messages)
+        assert as_columns.stalls("j") == as_messages.stalls("j")
         assert as_columns.last_progress("j") == as_messages.last_progress("j")
 
 
