@@ -22,20 +22,20 @@ import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 _U32 = struct.Struct("<I")
 _ROOT = Path(__file__).resolve().parents[3]
 
 
-def _read_exact(f: BinaryIO, n: int) -> bytes:
+def _read_exact(f: IO[bytes], n: int) -> bytes:
     data = f.read(n)
     if len(data) != n:
         raise EOFError(f"pipe closed after {len(data)} of {n} bytes")
     return data
 
 
-def _u32(f: BinaryIO) -> int:
+def _u32(f: IO[bytes]) -> int:
     (v,) = _U32.unpack(_read_exact(f, _U32.size))
     return v
 
