@@ -6,6 +6,7 @@ import logging
 import queue
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, TypedDict
 
@@ -52,7 +53,9 @@ class Sender(TypedDict):
     session_id: str
 
 
-def build_channel(cfg: Config) -> grpc.Channel:
+def build_channel(cfg: Config, relay: bool = False) -> grpc.Channel:
+    """The channel to the coordinator, or with `relay` to the progress relay
+    (`hangwatch relay` serves plaintext: TLS ends at the coordinator)."""
     options: list[tuple[str, Any]] = [
         *message_size_options(cfg.auth.max_message_bytes),
         # gRPC's own reconnect backoff defaults to a 120 s ceiling; keep it short.
@@ -64,6 +67,8 @@ def build_channel(cfg: Config) -> grpc.Channel:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.enable_retries", 0),
     ]
+    if relay:
+        return grpc.insecure_channel(cfg.agent.progress_relay, options=options)
     if cfg.auth.tls_ca:
         with open(cfg.auth.tls_ca, "rb") as f:
             ca = f.read()
@@ -79,6 +84,11 @@ def build_channel(cfg: Config) -> grpc.Channel:
         return grpc.secure_channel(cfg.agent.coordinator, creds, options=options)
     return grpc.insecure_channel(cfg.agent.coordinator, options=options)
 
+
+# After a progress stream through the relay fails, progress goes straight to
+# the coordinator this long before the relay is tried again: a relay that is
+# down costs each of its agents one failed stream a minute, not one a report.
+RELAY_RETRY_S = 60.0
 
 # Reports waiting to go on the progress stream (a few KB each at 8 ranks).
 # One is sent a second, so 16 waiting means gRPC itself could not write for
@@ -185,6 +195,16 @@ class CoordinatorClient:
         # (RegisterResponse.progress_stream); used by the sender thread only.
         self._use_stream = False
         self._stream: ProgressStream | None = None
+        # Progress through a relay where one is configured (--progress-relay):
+        # its channel, whether the open stream goes through it, and until when
+        # (monotonic) it is passed over after failing.
+        self._relay: rpc.CoordinatorStub | None = None
+        self._relay_channel: grpc.Channel | None = None
+        if cfg.agent.progress_relay:
+            self._relay_channel = build_channel(cfg, relay=True)
+            self._relay = rpc.CoordinatorStub(self._relay_channel)
+        self._via_relay = False
+        self._relay_down_until = 0.0
         # Progress goes as columns where the coordinator reads them
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
@@ -272,20 +292,50 @@ class CoordinatorClient:
             return
         stream = self._stream
         if stream is not None and stream.ended:
-            self._end_stream()
-            if stream.stale:
-                raise self._stale("progress")
-            if stream.error is not None:
-                if stream.error.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    self._use_stream = False  # said it had one, has not: unary from now on
-                raise stream.error
+            self._stream_failed(stream, None)
         if self._stream is None:
-            self._stream = ProgressStream(self.stub, self.metadata)
+            self._via_relay = self._relay is not None and (
+                time.monotonic() >= self._relay_down_until
+            )
+            stub = self._relay if self._via_relay and self._relay is not None else self.stub
+            self._stream = ProgressStream(stub, self.metadata)
+        stream = self._stream
         try:
-            self._stream.send(req)
-        except StreamBroken:
-            self._end_stream()  # the next report opens a new one
-            raise
+            stream.send(req)
+        except StreamBroken as e:
+            # It may have ended between the check above and now: say why it did.
+            self._stream_failed(stream, e)
+
+    def _stream_failed(self, stream: ProgressStream, broken: StreamBroken | None) -> None:
+        """Drop an ended (or unwritable) stream, so the next report opens a
+        new one, and raise what ended it: StaleSession, its RPC error, or
+        `broken`. Returns only when it ended without either (closed here)."""
+        self._end_stream()
+        if stream.stale:
+            raise self._stale("progress")
+        error: grpc.RpcError | None = stream.error or broken
+        if error is None:
+            return
+        if self._via_relay:
+            self._relay_failed(error)
+        elif error.code() == grpc.StatusCode.UNIMPLEMENTED:
+            self._use_stream = False  # said it had one, has not: unary from now on
+        raise error
+
+    def _relay_failed(self, error: grpc.RpcError) -> None:
+        """Send progress straight to the coordinator for RELAY_RETRY_S."""
+        self._relay_down_until = time.monotonic() + RELAY_RETRY_S
+        log.warning(
+            "progress relay %s failed (%s); reporting to the coordinator for %.0f s",
+            self.cfg.agent.progress_relay,
+            error.code().name,
+            RELAY_RETRY_S,
+        )
+
+    @property
+    def progress_via_relay(self) -> bool:
+        """Whether the open progress stream goes through the relay."""
+        return self._stream is not None and self._via_relay
 
     def progress_needs_full(self) -> bool:
         """The next report opens a new progress stream: what went on the last
@@ -353,3 +403,5 @@ class CoordinatorClient:
     def close(self) -> None:
         self._end_stream()
         self.channel.close()
+        if self._relay_channel is not None:
+            self._relay_channel.close()

@@ -20,6 +20,12 @@ def check_http_url(url: str, what: str, *, credentials: bool = True) -> None:
         raise ValueError(f"{what}: must not carry credentials or a query")
 
 
+def hostport(host: str, port: int) -> str:
+    """host:port, with IPv6 literals bracketed."""
+    h = host.strip("[]")
+    return f"[{h}]:{port}" if ":" in h else f"{h}:{port}"
+
+
 def check_hostport(target: str, what: str) -> None:
     """HOST:PORT (or [v6]:PORT) with a port in 1-65535, or a gRPC target URI
     (dns:///h:p, unix:/path, ipv4:...), which gRPC itself resolves. Without

@@ -21,6 +21,7 @@ COMMANDS = {
     "analyze": "hangwatch.analyzer.cli",
     "server": "hangwatch.server.cli",
     "agent": "hangwatch.agent.cli",
+    "relay": "hangwatch.server.relay",
     "run": "hangwatch.runner",
     "demo": "hangwatch.demo",
 }

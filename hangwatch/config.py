@@ -7,7 +7,7 @@ the environment so it never shows in `ps`. `Config` holds one instance of each
 section (torchtitan's JobConfig shape); each command reads the sections it needs
 and shows the flags whose `commands` name it. Precedence is CLI flag >
 environment variable > default. `docs/configuration.md` is generated from this
-module (`python -m hangwatch.config`) and a test keeps the two in step.
+module's fields (`python -m hangwatch.config_reference`) and a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import os
 import shlex
 import socket
 import string
-import sys
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ AGENT = "agent"
 DEMO = "demo"
 RUN = "run"
 HOOK = "hook"
+RELAY = "relay"
 
 # --on-hang values.
 OBSERVE = "observe"
@@ -92,14 +92,14 @@ class AuthSection:
         default=None,
         metadata=_opt(
             "File holding the shared bearer token (or set HANGWATCH_TOKEN).",
-            [SERVER, AGENT, DEMO, RUN],
+            [SERVER, AGENT, DEMO, RUN, RELAY],
         ),
     )
     token: str | None = field(
         default=None,
         metadata=_opt(
             "Shared bearer token. Environment only: never a CLI flag.",
-            [SERVER, AGENT, DEMO, RUN],
+            [SERVER, AGENT, DEMO, RUN, RELAY],
             secret=True,
         ),
     )
@@ -107,7 +107,7 @@ class AuthSection:
         default=False,
         metadata=_opt(
             "Allow binding a non-loopback address without a token.",
-            [SERVER],
+            [SERVER, RELAY],
         ),
     )
     tls_cert: str | None = field(
@@ -139,7 +139,7 @@ class AuthSection:
         default=8 * 1024 * 1024,
         metadata=_opt(
             "Largest gRPC message accepted; bundles travel in chunks below it.",
-            [SERVER, AGENT],
+            [SERVER, AGENT, RELAY],
         ),
     )
 
@@ -164,14 +164,20 @@ class ServeSection:
         default="127.0.0.1",
         metadata=_opt(
             "Address the coordinator binds (gRPC and HTTP). Non-loopback needs a token or --insecure.",
-            [SERVER],
+            [SERVER, RELAY],
+            help_for={
+                RELAY: "Address the relay binds for agents. Non-loopback needs a token or --insecure."
+            },
         ),
     )
     grpc_port: int = field(
         default=7451,
         metadata=_opt(
             "Coordinator gRPC port; 0 picks a free port and prints it.",
-            [SERVER],
+            [SERVER, RELAY],
+            help_for={
+                RELAY: "The relay's gRPC port for agents' progress; 0 picks a free port and prints it."
+            },
         ),
     )
     http_port: int = field(
@@ -418,8 +424,9 @@ class AgentSection:
         default="127.0.0.1:7451",
         metadata=_opt(
             "HOST:PORT of the coordinator's gRPC endpoint.",
-            [AGENT, DEMO, RUN],
+            [AGENT, DEMO, RUN, RELAY],
             help_for={
+                RELAY: "HOST:PORT of the coordinator's gRPC endpoint the relay forwards progress to.",
                 DEMO: "HOST:PORT of a running coordinator's gRPC endpoint to report to (its"
                 " stall timeout is used); unset, the demo starts a coordinator of its own.",
             },
@@ -473,6 +480,29 @@ class AgentSection:
             [AGENT],
         ),
     )
+    progress_relay: str = field(
+        default="",
+        metadata=_opt(
+            "HOST:PORT of a relay (`hangwatch relay`) to send progress through; unset, to the"
+            " coordinator. Registration, commands and uploads always go to the coordinator, and"
+            " progress does too for a minute after the relay fails.",
+            [AGENT],
+        ),
+    )
+
+
+@dataclass(kw_only=True)
+class RelaySection:
+    """A progress relay: many agents' reports, one stream to the coordinator."""
+
+    relay_window: float = field(
+        default=0.25,
+        metadata=_opt(
+            "Seconds a relay gathers reports before sending them as one batch: detection waits up"
+            " to this much longer, and the coordinator's gRPC work falls with the reports a batch.",
+            [RELAY],
+        ),
+    )
 
 
 @dataclass(kw_only=True)
@@ -499,6 +529,7 @@ class Config:
     detect: DetectSection = field(default_factory=DetectSection)
     respond: RespondSection = field(default_factory=RespondSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    relay: RelaySection = field(default_factory=RelaySection)
     hook: HookSection = field(default_factory=HookSection)
 
     @classmethod
@@ -532,6 +563,7 @@ class Config:
                 "repeat_offender_window",
             ),
             AGENT: ("poll_interval",),
+            RELAY: ("relay_window",),
             DEMO: ("stall_timeout", "poll_interval"),
         }.get(command, ())
         for name in positive:
@@ -550,8 +582,10 @@ class Config:
                     self.serve.resolved_store_password()
                 except OSError as e:
                     raise ValueError(f"cannot read the store password: {e}") from e
-        if command in (AGENT, DEMO, RUN) and self.agent.coordinator:
+        if command in (AGENT, DEMO, RUN, RELAY) and self.agent.coordinator:
             check_hostport(self.agent.coordinator, "--coordinator")
+        if command == AGENT and self.agent.progress_relay:
+            check_hostport(self.agent.progress_relay, "--progress-relay")
         if self.respond.on_hang not in ON_HANG:
             raise ValueError(
                 f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.respond.on_hang!r}"
@@ -560,13 +594,13 @@ class Config:
             if self.respond.abort_grace < 0:
                 raise ValueError(f"--abort-grace must be 0 or more, got {self.respond.abort_grace}")
             self.respond.exclude_argv()
-        if command in (SERVER, AGENT):
+        if command in (SERVER, AGENT, RELAY):
             try:
                 token = self.auth.resolved_token()
             except OSError as e:
                 raise ValueError(f"cannot read the token: {e}") from e
             if (
-                command == SERVER
+                command in (SERVER, RELAY)
                 and not is_loopback(self.serve.host)
                 and not token
                 and not self.auth.insecure
@@ -602,6 +636,7 @@ SECTIONS: dict[str, type[Any]] = {
     "detect": DetectSection,
     "respond": RespondSection,
     "agent": AgentSection,
+    "relay": RelaySection,
     "hook": HookSection,
 }
 # Every setting, flat: field names are unique across sections (a test checks it).
@@ -753,39 +788,3 @@ def explicitly_set(
     """Whether a setting came from its flag or its env var rather than the default."""
     environ = os.environ if environ is None else environ
     return (ns is not None and getattr(ns, name, None) is not None) or env_var(name) in environ
-
-
-def markdown() -> str:
-    """The configuration reference, generated (docs/configuration.md)."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "Generated by `python -m hangwatch.config > docs/configuration.md`; a test fails when",
-        "this file and `hangwatch/config.py` disagree. Precedence: CLI flag > environment > default.",
-        "Each setting is spelled once, as a field of one section of `hangwatch.config.Config`:",
-        "its flag is `--` and its name with dashes, its variable `HANGWATCH_` and its name in capitals.",
-    ]
-    for attr, section in SECTIONS.items():
-        lines += [
-            "",
-            f"## `{attr}`: {section.__doc__}",
-            "",
-            "| Setting | CLI flag | Environment variable | Default | Used by | Meaning |",
-            "|---|---|---|---|---|---|",
-        ]
-        for f in dataclasses.fields(section):
-            md = f.metadata
-            if f.default is not dataclasses.MISSING:
-                default = "(unset)" if f.default in (None, ()) else f"`{f.default}`"
-            else:
-                default = "(host name)" if f.name == "node_id" else "(computed)"
-            flag = f"`{flag_of(f)}`" if flag_of(f) else "(env only)"
-            used = ", ".join(sorted(md["commands"]))
-            lines.append(
-                f"| `{f.name}` | {flag} | `{env_of(f)}` | {default} | {used} | {md['help']} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.stdout.write(markdown())

@@ -11,6 +11,7 @@ __all__ = [
     "COLLECTIVES_UNKNOWN",
     "DEAD_PROCESS_STATES",
     "EXITED_PROCESS_STATES",
+    "MAX_RELAYED_REPORTS",
     "group_info",
     "group_members",
     "member_runs",
@@ -34,6 +35,11 @@ EXITED_PROCESS_STATES: Final = frozenset({"zombie", "gone"})
 # GroupProgress.collectives_enqueued/_completed: the group does p2p and the
 # rank moved on since its FR entries were read, so its collective count is not known.
 COLLECTIVES_UNKNOWN: Final = -2
+# Most reports in one ProgressBatch. A relay of 64 nodes sends ~16 a batch at
+# a 0.25 s window, and all 64 at once after a reconnect (full reports, ~2.5 KB
+# each at 8 ranks); 1,024 of the largest reports an agent sends stay under the
+# 8 MiB message limit only if they average 8 KB, so a relay also splits by bytes.
+MAX_RELAYED_REPORTS: Final = 1024
 
 
 def process_state_name(value: int) -> str:

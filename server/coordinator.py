@@ -23,7 +23,8 @@ from hangwatch.server.incidents.finalize import Analyze
 from hangwatch.server.incidents.hosts import OffenderRule
 from hangwatch.server.incidents.manager import IncidentManager
 from hangwatch.server.incidents.store import IncidentRow, IncidentStore
-from hangwatch.server.ingest.service import CoordinatorService, TokenAuth
+from hangwatch.server.ingest.auth import TokenAuth
+from hangwatch.server.ingest.service import CoordinatorService
 from hangwatch.server.ingest.uploads import MAX_FILE_BYTES
 from hangwatch.server.integrations.actions import ActionPolicy, ActionRunner
 from hangwatch.server.integrations.gauges import LiveGauges
@@ -34,16 +35,11 @@ from hangwatch.server.live.registry import JobRegistry
 from hangwatch.server.live.stragglers import STRAGGLER_EVENT, Straggler, StragglerMonitor
 from hangwatch.server.workers import Worker, Workers, executor_threads
 
+from hangwatch.addresses import hostport
 from hangwatch.config import Config
 from hangwatch.wire import message_size_options, rpc
 
 log = logging.getLogger(__name__)
-
-
-def hostport(host: str, port: int) -> str:
-    """host:port, with IPv6 literals bracketed."""
-    h = host.strip("[]")
-    return f"[{h}]:{port}" if ":" in h else f"{h}:{port}"
 
 
 def server_credentials(config: Config) -> grpc.ServerCredentials | None:

@@ -20,10 +20,11 @@ import time
 from typing import Any, Final
 
 from hangwatch.server.app_state import ServerContext
-from hangwatch.server.coordinator import Coordinator, hostport
+from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.incidents.store import StoreOpenError
 from hangwatch.server.workers import Worker, Workers
 
+from hangwatch.addresses import hostport
 from hangwatch.config import Config
 from hangwatch.formats import ServerInfo
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, NoReturn
 
 import grpc
@@ -39,14 +38,10 @@ from hangwatch.server.live.stragglers import StragglerMonitor
 
 from hangwatch import __version__, progress_columns
 from hangwatch.formats import nodearchive
-from hangwatch.wire import pb, rpc
+from hangwatch.wire import MAX_RELAYED_REPORTS, pb, rpc
 
 log = logging.getLogger(__name__)
 
-SERVICE = "hangwatch.v1.Coordinator"
-# Health answers without a token so load balancers and liveness probes work;
-# it reveals only the version and a count of connected agents.
-UNAUTHENTICATED_METHODS = frozenset({f"/{SERVICE}/Health"})
 # How often an idle command stream re-checks its session and shutdown, as a
 # backstop only: a new command, a replaced session (Mailbox.inherit), an
 # evicted job and shutdown each wake the stream at once. Every agent holds one
@@ -59,61 +54,6 @@ INCIDENT_KEY_CACHE = 64
 # hangwatch_progress_ranks_total's two series.
 _COLUMNS: Final = {"form": "columns"}
 _MESSAGES: Final = {"form": "messages"}
-
-
-class TokenAuth(grpc.aio.ServerInterceptor):
-    """Require `authorization: Bearer <token>` on every RPC but Health."""
-
-    def __init__(self, token: str, metrics: Metrics | None = None) -> None:
-        self._expected = f"Bearer {token}".encode()
-        self._metrics = metrics
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        if method in UNAUTHENTICATED_METHODS:
-            return await continuation(handler_call_details)
-        presented = b""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                presented = value.encode() if isinstance(value, str) else bytes(value)
-                break
-        # compare_digest on equal-type bytes: no timing signal about the token.
-        if presented and hmac.compare_digest(presented, self._expected):
-            return await continuation(handler_call_details)
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        if self._metrics is not None:
-            self._metrics.inc(
-                "hangwatch_grpc_requests_total",
-                labels={"method": method.rsplit("/", 1)[-1], "code": "UNAUTHENTICATED"},
-            )
-        why = "missing bearer token" if not presented else "wrong bearer token"
-        return _deny(handler, why)
-
-
-def _deny(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
-    async def unary(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-
-    async def streaming(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
-
-    kw = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(streaming, **kw)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(streaming, **kw)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(unary, **kw)
-    return grpc.unary_unary_rpc_method_handler(unary, **kw)
 
 
 class CoordinatorService(rpc.CoordinatorServicer):
@@ -241,6 +181,24 @@ class CoordinatorService(rpc.CoordinatorServicer):
         self._ok(method)
         return True
 
+    def _apply_progress(self, request: pb.ProgressReport) -> bool:
+        """Check and apply one progress report (any transport); False for an
+        unknown session. Raises Invalid for one it refuses."""
+        try:
+            columns = validate.progress_report(request)  # unpacked once, read twice
+            self.registry.report_progress(request, columns)
+        except progress_columns.ColumnsError as e:
+            raise Invalid(str(e)) from None
+        except StaleSession:
+            return False
+        if request.ranks:
+            self.metrics.inc("hangwatch_progress_ranks_total", len(request.ranks), _MESSAGES)
+        if columns is not None:
+            self.metrics.inc("hangwatch_progress_ranks_total", len(columns.rank), _COLUMNS)
+        if self.stragglers is not None:
+            self.stragglers.observe(request, columns)
+        return True
+
     async def _progress(
         self,
         method: str,
@@ -248,21 +206,11 @@ class CoordinatorService(rpc.CoordinatorServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> bool:
         """One progress report, unary or streamed: False for an unknown session."""
-        columns: progress_columns.Columns | None = None
-
-        def apply() -> None:
-            nonlocal columns
-            columns = validate.progress_report(request)  # unpacked once, read twice
-            self.registry.report_progress(request, columns)
-
-        known = await self._apply_known(method, context, apply)
-        if known:
-            if request.ranks:
-                self.metrics.inc("hangwatch_progress_ranks_total", len(request.ranks), _MESSAGES)
-            if columns is not None:
-                self.metrics.inc("hangwatch_progress_ranks_total", len(columns.rank), _COLUMNS)
-            if self.stragglers is not None:
-                self.stragglers.observe(request, columns)
+        try:
+            known = self._apply_progress(request)
+        except Invalid as e:
+            await self._fail(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        self._ok(method)
         return known
 
     async def ReportProgress(
@@ -281,6 +229,45 @@ class CoordinatorService(rpc.CoordinatorServicer):
             if not await self._progress("StreamProgress", request, context):
                 yield pb.ProgressAck(known=False, report_seq=request.report_seq)
                 return
+
+    async def RelayProgress(
+        self,
+        request_iterator: AsyncIterator[pb.ProgressBatch],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.RelayAck]:
+        """StreamProgress's work for every report of each batch, in order. A
+        report that is refused or whose session is unknown is answered for the
+        relay to pass on to its agent; the batch stream goes on."""
+        async for batch in request_iterator:
+            if len(batch.reports) > MAX_RELAYED_REPORTS:
+                await self._fail(
+                    context,
+                    "RelayProgress",
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{len(batch.reports)} reports in one batch (at most {MAX_RELAYED_REPORTS})",
+                )
+            acks: list[pb.RelayedAck] = []
+            for report in batch.reports:
+                try:
+                    known = self._apply_progress(report)
+                except Invalid as e:
+                    log.info("RelayProgress from %r: a report refused: %s", batch.relay_id, e)
+                    acks.append(
+                        pb.RelayedAck(
+                            session_id=report.session_id,
+                            report_seq=report.report_seq,
+                            known=True,
+                            invalid=str(e) or "invalid report",
+                        )
+                    )
+                    continue
+                if not known:
+                    acks.append(
+                        pb.RelayedAck(session_id=report.session_id, report_seq=report.report_seq)
+                    )
+            self._ok("RelayProgress")
+            if acks:
+                yield pb.RelayAck(acks=acks)
 
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]

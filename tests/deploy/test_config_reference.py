@@ -1,4 +1,4 @@
-"""docs/configuration.md is exactly what `python -m hangwatch.config` prints."""
+"""docs/configuration.md is exactly what `python -m hangwatch.config_reference` prints."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(30)
 def test_configuration_doc_is_generated_output() -> None:
-    out = module_output("hangwatch.config")
+    out = module_output("hangwatch.config_reference")
     doc = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert doc == out, (
-        "docs/configuration.md is stale: run `python -m hangwatch.config > docs/configuration.md`"
+        "docs/configuration.md is stale: run `python -m hangwatch.config_reference > docs/configuration.md`"
     )
 
 
@@ -120,6 +120,8 @@ KNOWN_SETTINGS = {
     "max_buffered": ("agent", "--max-buffered", "HANGWATCH_MAX_BUFFERED"),
     "keep_bundles": ("agent", "--keep-bundles", "HANGWATCH_KEEP_BUNDLES"),
     "pyspy": ("agent", "--pyspy", "HANGWATCH_PYSPY"),
+    "progress_relay": ("agent", "--progress-relay", "HANGWATCH_PROGRESS_RELAY"),
+    "relay_window": ("relay", "--relay-window", "HANGWATCH_RELAY_WINDOW"),
     "fr_buffer_size": ("hook", "--fr-buffer-size", "HANGWATCH_FR_BUFFER_SIZE"),
 }
 

@@ -228,6 +228,32 @@ class ProgressAck(_message.Message):
     report_seq: int
     def __init__(self, known: _Optional[bool] = ..., report_seq: _Optional[int] = ...) -> None: ...
 
+class ProgressBatch(_message.Message):
+    __slots__ = ("reports", "relay_id")
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ID_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[ProgressReport]
+    relay_id: str
+    def __init__(self, reports: _Optional[_Iterable[_Union[ProgressReport, _Mapping]]] = ..., relay_id: _Optional[str] = ...) -> None: ...
+
+class RelayAck(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[RelayedAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[RelayedAck, _Mapping]]] = ...) -> None: ...
+
+class RelayedAck(_message.Message):
+    __slots__ = ("session_id", "report_seq", "known", "invalid")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    INVALID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    report_seq: int
+    known: bool
+    invalid: str
+    def __init__(self, session_id: _Optional[str] = ..., report_seq: _Optional[int] = ..., known: _Optional[bool] = ..., invalid: _Optional[str] = ...) -> None: ...
+
 class FrEntry(_message.Message):
     __slots__ = ("rank", "record_id", "group", "collective_seq", "p2p_seq", "profiling_name", "state", "retired", "is_p2p", "age_s", "input_sizes_json", "input_dtypes_json")
     RANK_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,284 @@
+"""The progress relay (`hangwatch relay`, server.relay): many agents' reports, one stream.
+
+A real coordinator and a real relay over loopback gRPC, both on port 0; the
+agents are the agent's own client (`agent.client.CoordinatorClient`) with
+`progress_relay` set. What the relay must keep: every report applied, in
+order, as if sent straight; an agent told of its unknown session or refused
+report exactly as the coordinator tells it, without ending any other agent's
+stream; and, when the relay or its coordinator is gone, the agents' progress
+going straight to the coordinator instead of nowhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from hangwatch.agent.client import CoordinatorClient, StaleSession
+from hangwatch.server.coordinator import Coordinator
+from hangwatch.server.relay import Relay
+
+from hangwatch.config import Config
+from hangwatch.wire import pb, rpc
+from tests.server.conftest import progress_at, rank_infos, wait_for
+
+JOB = "relayed"
+
+
+def _relay(coordinator: str, **kw: object) -> Relay:
+    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, relay_window=0.1, **kw))
+    r.start()
+    return r
+
+
+@pytest.fixture
+def relay(coordinator: Coordinator) -> Iterator[Relay]:
+    r = _relay(coordinator.grpc_address)
+    wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def agents(coordinator: Coordinator, relay: Relay) -> Iterator[Callable[[int], CoordinatorClient]]:
+    made: list[CoordinatorClient] = []
+
+    def make(node: int) -> CoordinatorClient:
+        cfg = Config.of(
+            coordinator=coordinator.grpc_address, progress_relay=relay.address, job_id=JOB
+        )
+        c = CoordinatorClient(cfg, agent_id=f"node-{node}", host=f"host-{node}")
+        c.register(rank_infos([2 * node, 2 * node + 1], 8))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _completed(coordinator: Coordinator, rank: int) -> int | None:
+    snap = coordinator.registry.snapshot(JOB)
+    row = None if snap is None else next((r for r in snap.ranks if r.rank == rank), None)
+    g = None if row is None else next((g for g in row.groups if g.group == "0"), None)
+    return None if g is None else g.last_completed
+
+
+def _requests(coordinator: Coordinator, method: str, code: str = "OK") -> float:
+    labels = {"method": method, "code": code}
+    return coordinator.metrics.value("hangwatch_grpc_requests_total", labels)
+
+
+def _until_refused(client: CoordinatorClient, seq: int, ranks: list[int]) -> grpc.RpcError:
+    """Report until the agent's stream is found ended; the error it ended with."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            client.report_progress(seq, progress_at(ranks, seq))
+        except grpc.RpcError as e:
+            return e
+        time.sleep(0.05)
+    raise AssertionError("the agent's stream never ended")
+
+
+@pytest.mark.timeout(60)
+def test_four_agents_through_a_relay_arrive_in_batches_in_order(
+    coordinator: Coordinator, relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    clients = [agents(n) for n in range(4)]
+    for step in range(1, 6):
+        for n, c in enumerate(clients):
+            c.report_progress(step, progress_at([2 * n, 2 * n + 1], step))
+            assert c.progress_via_relay
+        time.sleep(0.03)
+    wait_for(
+        lambda: all(_completed(coordinator, r) == 5 for r in range(8)), 10, "every report applied"
+    )
+    # Twenty reports, none on a stream of their own at the coordinator, in
+    # fewer messages than reports: that is the relay's point.
+    assert relay.reports_sent == 20
+    assert 1 <= relay.batches_sent < 20
+    assert _requests(coordinator, "StreamProgress") == 0
+    # Counted once its every report is applied: a moment after the last one.
+    wait_for(
+        lambda: _requests(coordinator, "RelayProgress") == relay.batches_sent,
+        10,
+        "every batch counted",
+    )
+    assert coordinator.metrics.value("hangwatch_progress_ranks_total", {"form": "columns"}) == 40
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_session_reaches_its_agent_through_the_relay(
+    coordinator: Coordinator, relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    a, b = agents(0), agents(1)
+    a.report_progress(1, progress_at([0, 1], 1))
+    b.report_progress(1, progress_at([2, 3], 1))
+    wait_for(lambda: _completed(coordinator, 3) == 1, 10, "b's first report")
+    # Node 0's agent restarts elsewhere: a's session is over.
+    again = CoordinatorClient(a.cfg, agent_id="node-0", host="host-0")
+    try:
+        again.register(rank_infos([0, 1], 8))
+    finally:
+        again.close()
+
+    def stale() -> bool:
+        try:
+            a.report_progress(2, progress_at([0, 1], 2))
+        except StaleSession:
+            return True
+        time.sleep(0.05)
+        return False
+
+    wait_for(stale, 10, "a to learn its session is gone")
+    # b's stream through the same relay went on.
+    b.report_progress(2, progress_at([2, 3], 2))
+    wait_for(lambda: _completed(coordinator, 3) == 2, 10, "b's next report")
+    assert b.progress_via_relay
+    # Registered again, a reports through the relay on a new stream, in full.
+    a.register(rank_infos([0, 1], 8))
+    assert a.progress_needs_full()
+    a.report_progress(3, progress_at([0, 1], 7))
+    wait_for(lambda: _completed(coordinator, 0) == 7, 10, "a's report on its new stream")
+    assert a.progress_via_relay
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_report_ends_only_its_agents_stream(
+    coordinator: Coordinator, relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    a, b = agents(0), agents(1)
+    bad = progress_at([0], 1)
+    bad[0].groups[0].last_completed = -5  # below -1: refused by validation
+    a.report_progress(1, bad)
+    b.report_progress(1, progress_at([2, 3], 1))
+    err = _until_refused(a, 2, [0, 1])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert "below -1" in (err.details() or "")
+    # Refused, a goes straight to the coordinator for a while; b never noticed.
+    b.report_progress(2, progress_at([2, 3], 2))
+    wait_for(lambda: _completed(coordinator, 2) == 2, 10, "b's report after a's was refused")
+    assert b.progress_via_relay
+    a.report_progress(3, progress_at([0, 1], 3))
+    assert not a.progress_via_relay
+    wait_for(lambda: _completed(coordinator, 0) == 3, 10, "a's report sent straight")
+    assert _requests(coordinator, "StreamProgress") >= 1
+
+
+@pytest.mark.timeout(60)
+def test_when_the_relay_stops_its_agents_report_to_the_coordinator(
+    coordinator: Coordinator, relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    a = agents(0)
+    a.report_progress(1, progress_at([0, 1], 1))
+    wait_for(lambda: _completed(coordinator, 1) == 1, 10, "the relayed report")
+    relay.stop()
+    err = _until_refused(a, 2, [0, 1])
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    assert a.progress_needs_full()
+    a.report_progress(3, progress_at([0, 1], 3))
+    assert not a.progress_via_relay
+    wait_for(lambda: _completed(coordinator, 1) == 3, 10, "the report sent straight")
+
+
+@pytest.mark.timeout(60)
+def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordinator) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    r = _relay(dead)
+    try:
+        cfg = Config.of(coordinator=coordinator.grpc_address, progress_relay=r.address, job_id=JOB)
+        a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
+        try:
+            a.register(rank_infos([0, 1], 8))
+            err = _until_refused(a, 1, [0, 1])
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            assert "no coordinator" in (err.details() or "")
+            a.report_progress(3, progress_at([0, 1], 3))
+            wait_for(lambda: _completed(coordinator, 0) == 3, 10, "the report sent straight")
+            assert not r.connected
+        finally:
+            a.close()
+    finally:
+        r.stop()
+
+
+@pytest.mark.timeout(60)
+def test_hangwatch_relay_runs_with_a_token_and_stops_on_sigterm(
+    start_coordinator: Callable[..., Coordinator], tmp_path: Path
+) -> None:
+    token = "relay-token-123"
+    coordinator = start_coordinator(token=token)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    env["HANGWATCH_TOKEN"] = token
+    cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0", "--relay-window"]
+    log = tmp_path / "relay.log"
+    with (
+        log.open("wb") as err,
+        subprocess.Popen(
+            [*cmd, "0.05", "--coordinator", coordinator.grpc_address],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env=env,
+            text=True,
+        ) as proc,
+    ):
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("hangwatch relay: grpc=127.0.0.1:"), line
+            address = line.split()[2].removeprefix("grpc=")
+            # Its stream to the coordinator is up once it logs so; before that
+            # it would turn an agent away (the test above).
+            wait_for(lambda: "forwarding progress to" in log.read_text(), 20, "the relay's log")
+            cfg = Config.of(
+                coordinator=coordinator.grpc_address,
+                progress_relay=address,
+                job_id=JOB,
+                token=token,
+            )
+            a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
+            try:
+                a.register(rank_infos([0, 1], 8))
+                a.report_progress(1, progress_at([0, 1], 4))
+                wait_for(lambda: _completed(coordinator, 0) == 4, 20, "progress through the relay")
+                assert a.progress_via_relay
+                assert _requests(coordinator, "RelayProgress") >= 1
+            finally:
+                a.close()
+            # A caller without the token is turned away by the relay itself.
+            with grpc.insecure_channel(address) as ch:
+                call = rpc.CoordinatorStub(ch).StreamProgress(iter([pb.ProgressReport()]))
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(call)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.mark.timeout(30)
+def test_hangwatch_relay_refuses_a_bad_setting_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "hangwatch", "relay", "--relay-window", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+    )
+    assert out.returncode == 2
+    assert "--relay-window must be positive" in out.stderr, out.stderr
