@@ -111,6 +111,54 @@ class CpuSampler:
         self._thread.join(2)
 
 
+class RelayProcesses:
+    """`--relays N`: that many `hangwatch relay` processes at the fleet's nice
+    (they stand for relays on other machines), each forwarding to `target`."""
+
+    def __init__(self, n: int, target: str, window_s: float, nice: int, log_dir: Path) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.addresses: list[str] = []
+        self.logs = [log_dir / f"relay-{i}.log" for i in range(n)]
+        cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0"]
+        cmd += ["--coordinator", target, "--relay-window", str(window_s)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+        for log in self.logs:
+            with log.open("wb") as err:
+                p = subprocess.Popen(
+                    ["nice", "-n", str(nice), *cmd], stdout=subprocess.PIPE, stderr=err,
+                    env=env, text=True,
+                )  # fmt: skip
+            self.procs.append(p)
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if not line.startswith("hangwatch relay: grpc="):
+                raise RuntimeError(f"a relay did not start: {line!r} {log.read_text()}")
+            self.addresses.append(line.split()[2].removeprefix("grpc="))
+        end = time.monotonic() + 30
+        while not all("forwarding progress to" in log.read_text() for log in self.logs):
+            if time.monotonic() > end:
+                raise RuntimeError("a relay did not reach the coordinator in 30 s")
+            time.sleep(0.1)
+        self.samplers = [CpuSampler(p.pid) for p in self.procs]
+
+    def cores(self, t0: float, t1: float) -> float:
+        return round(sum(s.window(t0, t1)["cores"] for s in self.samplers), 3)
+
+    def stop(self) -> None:
+        for s in self.samplers:
+            s.stop()
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(15)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     keep = Path(args.keep) if args.keep else None
     tmp = None if keep else tempfile.TemporaryDirectory(prefix="hangwatch-load-")
@@ -127,6 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fleet_form": args.fleet_form,
         "compress": not args.no_compress,
         "report_interval_s": args.report_interval,
+        "relays": args.relays,
+        "relay_window_s": args.relay_window if args.relays else None,
     }
     coord = CoordinatorProcess(
         data_dir,
@@ -137,6 +187,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     pid = coord.pid
     sampler = CpuSampler(pid)
+    relays = (
+        RelayProcesses(args.relays, coord.grpc, args.relay_window, args.fleet_nice, data_dir)
+        if args.relays
+        else None
+    )
     fleet = Fleet(
         target=coord.grpc,
         job_id=job,
@@ -149,6 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         transport=args.fleet_transport,
         form=args.fleet_form,
         report_interval_s=args.report_interval,
+        progress_relays=tuple(relays.addresses) if relays else (),
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -170,6 +226,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             healthy_prof.wait(60)
         healthy = sampler.window(t_h, time.time())
         out["healthy_cpu_cores"] = round(healthy["cores"], 3)
+        if relays is not None:
+            # Where the relays' work went: other machines' CPU, reported beside.
+            out["healthy_relay_cores"] = relays.cores(t_h, time.time())
         # Per rank report at the healthy rate: what 1 Hz costs scales with it.
         out["healthy_cpu_us_per_rank_report"] = round(
             healthy["cores"] * args.report_interval / args.ranks * 1e6, 1
@@ -303,6 +362,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             profiler.kill()
         try:
             fleet.stop()
+            if relays is not None:
+                relays.stop()
         finally:
             sampler.stop()
             out["coordinator_exit"] = coord.stop()
@@ -382,6 +443,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="seconds between an agent's reports (above 1 where the fleet cannot keep 1 Hz)",
     )
+    p.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        help="`hangwatch relay` processes the fleet's progress goes through (0: none)",
+    )
+    p.add_argument("--relay-window", type=float, default=0.25)
     p.add_argument("--profile-healthy", help="py-spy raw profile of the healthy window")
     p.add_argument("--py-spy", default="py-spy")
     args = p.parse_args(argv)

@@ -52,6 +52,9 @@ class SimJobSpec:
     # writes them for a coordinator that reads them) or "messages" (one
     # RankProgress per rank, as older agents do).
     form: str = "columns"
+    # Relays (`hangwatch relay`) progress streams go through, node i's through
+    # relays[i % len]; empty, straight to the coordinator.
+    progress_relays: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,20 +109,29 @@ class SimAgent(DumpUploads):
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {self.spec.token}"),) if self.spec.token else ()
         )
-        self.channel = grpc.aio.insecure_channel(
-            self.spec.target,
-            options=[
-                ("grpc.max_send_message_length", 8 * 1024 * 1024),
-                ("grpc.max_receive_message_length", 8 * 1024 * 1024),
-                # Each agent is its own node: its own TCP connection, not one
-                # shared subchannel for the whole process.
-                ("grpc.use_local_subchannel_pool", 1),
-                ("grpc.keepalive_time_ms", 20_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.enable_retries", 0),
-            ],
-        )
+        options = [
+            ("grpc.max_send_message_length", 8 * 1024 * 1024),
+            ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+            # Each agent is its own node: its own TCP connection, not one
+            # shared subchannel for the whole process.
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.enable_retries", 0),
+        ]
+        self.channel = grpc.aio.insecure_channel(self.spec.target, options=options)
         self.stub = rpc.CoordinatorStub(self.channel)
+        # Progress goes through a relay where the spec names some (as the
+        # agent's --progress-relay); everything else to the coordinator.
+        relays = self.spec.progress_relays
+        self.relay_channel = (
+            grpc.aio.insecure_channel(relays[node % len(relays)], options=options)
+            if relays
+            else None
+        )
+        self.progress_stub = (
+            rpc.CoordinatorStub(self.relay_channel) if self.relay_channel is not None else self.stub
+        )
         self.session_id = ""
         self.report_seq = 0
         self.stats = AgentStats()
@@ -270,7 +282,7 @@ class SimAgent(DumpUploads):
 
     async def _stream_report(self, report: pb.ProgressReport) -> None:
         if self._stream is None:
-            self._stream = self.stub.StreamProgress(metadata=self.metadata)
+            self._stream = self.progress_stub.StreamProgress(metadata=self.metadata)
             self.fleet.spawn(self._read_acks(self._stream))
         await self._stream.write(report)
 

@@ -241,7 +241,8 @@ async def _run_fleet(spec: FleetSpec, conn: multiprocessing.connection.Connectio
         for t in list(fleet.tasks):
             t.cancel()
         await asyncio.gather(*fleet.tasks, return_exceptions=True)
-        await asyncio.gather(*(a.channel.close() for a in fleet.agents), return_exceptions=True)
+        channels = [c for a in fleet.agents for c in (a.channel, a.relay_channel) if c is not None]
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
         fleet.close()
     conn.send({"op": "stats", "stats": fleet.stats()})
 
@@ -292,6 +293,7 @@ class Fleet:
         nice: int = 0,
         transport: str = "stream",
         form: str = "columns",
+        progress_relays: tuple[str, ...] = (),
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -315,6 +317,7 @@ class Fleet:
                 nice=nice,
                 transport=transport,
                 form=form,
+                progress_relays=progress_relays,
             )
             for i in range(procs)
         ]
