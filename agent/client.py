@@ -205,6 +205,7 @@ class CoordinatorClient:
             self._relay = rpc.CoordinatorStub(self._relay_channel)
         self._via_relay = False
         self._relay_down_until = 0.0
+        self._back_to_relay = False
         # Progress goes as columns where the coordinator reads them
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
@@ -290,6 +291,10 @@ class CoordinatorClient:
             if not ack.known:
                 raise self._stale("progress")
             return
+        if self._back_to_relay:
+            # progress_needs_full said so: this report is full, for a new stream.
+            self._back_to_relay = False
+            self._end_stream()
         stream = self._stream
         if stream is not None and stream.ended:
             self._stream_failed(stream, None)
@@ -335,12 +340,23 @@ class CoordinatorClient:
     @property
     def progress_via_relay(self) -> bool:
         """Whether the open progress stream goes through the relay."""
-        return self._stream is not None and self._via_relay
+        return self._stream is not None and not self._stream.ended and self._via_relay
 
     def progress_needs_full(self) -> bool:
         """The next report opens a new progress stream: what went on the last
-        one may not have arrived, so it must carry every rank."""
-        return self._use_stream and (self._stream is None or self._stream.ended)
+        one may not have arrived, so it must carry every rank. That is also
+        when a stream sent straight while the relay was passed over goes back
+        to the relay (the next report_progress moves it)."""
+        if not self._use_stream:
+            return False
+        if self._stream is None or self._stream.ended:
+            return True
+        self._back_to_relay = (
+            self._relay is not None
+            and not self._via_relay
+            and time.monotonic() >= self._relay_down_until
+        )
+        return self._back_to_relay
 
     def _end_stream(self) -> None:
         stream, self._stream = self._stream, None

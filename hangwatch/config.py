@@ -79,7 +79,7 @@ class JobSection:
         default="info",
         metadata=_opt(
             "Logging level: debug, info, warning, error.",
-            [SERVER, AGENT, DEMO, RUN, HOOK],
+            [SERVER, AGENT, DEMO, RUN, HOOK, RELAY],
         ),
     )
 
@@ -132,7 +132,8 @@ class AuthSection:
         default=None,
         metadata=_opt(
             "PEM CA bundle: agents verify the server with it; a server given one requires client certs.",
-            [SERVER, AGENT],
+            [SERVER, AGENT, RELAY],
+            help_for={RELAY: "PEM CA bundle the relay verifies the coordinator with (TLS)."},
         ),
     )
     max_message_bytes: int = field(

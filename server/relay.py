@@ -143,6 +143,7 @@ class Relay:
         self._max_bytes = conf.auth.max_message_bytes
         # Only the loop thread touches these.
         self._pending: list[pb.ProgressReport] = []
+        self._call_no = 0  # of the RelayProgress call now open (_batches)
         self._streams: dict[str, _AgentStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -190,12 +191,16 @@ class Relay:
 
     # ---- the coordinator's side (on the loop) --------------------------------
 
-    async def _batches(self) -> AsyncIterator[pb.ProgressBatch]:
-        """What arrived in each window, split to fit a message."""
+    async def _batches(self, call_no: int) -> AsyncIterator[pb.ProgressBatch]:
+        """What arrived in each window, split to fit a message. Ends once a newer
+        call has replaced its own: gRPC may leave a broken call's request feeder
+        waiting, and an old feeder that woke would take reports into a dead call."""
         assert self._wake is not None
         while True:
             await self._wake.wait()
             await asyncio.sleep(self.window_s)
+            if call_no != self._call_no:
+                return
             self._wake.clear()
             reports, self._pending = self._pending, []
             batch = pb.ProgressBatch(relay_id=self.relay_id)
@@ -222,7 +227,8 @@ class Relay:
         stub = rpc.CoordinatorStub(channel)
         delay = RECONNECT_S[0]
         while not self._stopping.is_set():
-            call = stub.RelayProgress(self._batches(), metadata=self._metadata)
+            self._call_no += 1
+            call = stub.RelayProgress(self._batches(self._call_no), metadata=self._metadata)
             try:
                 await call.wait_for_connection()
                 self.connected = True

@@ -21,6 +21,7 @@ DEPLOY = ROOT / "deploy"
 _READERS = {
     "server": {config.SERVER},
     "agent": {config.AGENT},
+    "relay": {config.RELAY},
     "run": {config.RUN, config.HOOK},
 }
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hangwatch.agent import client as client_mod
 from hangwatch.agent.client import CoordinatorClient, StaleSession
 from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.relay import Relay
@@ -207,6 +208,68 @@ def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordina
             a.report_progress(3, progress_at([0, 1], 3))
             wait_for(lambda: _completed(coordinator, 0) == 3, 10, "the report sent straight")
             assert not r.connected
+        finally:
+            a.close()
+    finally:
+        r.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(90)
+def test_after_its_coordinator_restarts_the_relay_reconnects_and_agents_come_back(
+    start_coordinator: Callable[..., Coordinator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The coordinator goes away under a relay and comes back on the same port:
+    the relay ends its agents' streams, reconnects, and an agent that reported
+    straight meanwhile returns to the relay once its pause is over, on a new
+    stream that opens with a full report (as the agent's sender loop drives it)."""
+    monkeypatch.setattr(client_mod, "RELAY_RETRY_S", 2.0)
+    port = _free_port()
+    first = start_coordinator(grpc_port=port)
+    r = _relay(first.grpc_address)
+    try:
+        wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
+        cfg = Config.of(coordinator=first.grpc_address, progress_relay=r.address, job_id=JOB)
+        a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
+        try:
+            a.register(rank_infos([0, 1], 8))
+            a.report_progress(1, progress_at([0, 1], 1))
+            wait_for(lambda: _completed(first, 0) == 1, 10, "the relayed report")
+            first.stop(grace=0.5)
+            wait_for(lambda: not r.connected, 10, "the relay to see its coordinator gone")
+            second = start_coordinator(grpc_port=port)
+            wait_for(lambda: r.connected, 30, "the relay back on the restarted coordinator")
+            seq = [1]
+            sent: list[tuple[bool, bool]] = []  # (sent in full, through the relay)
+
+            def back_through_the_relay() -> bool:
+                seq[0] += 1
+                full = False
+                try:
+                    if not a.session_id:
+                        a.register(rank_infos([0, 1], 8))
+                    full = a.progress_needs_full()
+                    a.report_progress(seq[0], progress_at([0, 1], seq[0]))
+                except (StaleSession, grpc.RpcError):
+                    pass  # the agent's loop backs off and goes on the same way
+                sent.append((full, a.progress_via_relay))
+                time.sleep(0.1)
+                return a.progress_via_relay
+
+            wait_for(back_through_the_relay, 30, "the agent's progress through the relay again")
+            wait_for(lambda: _completed(second, 0) == seq[0], 10, "its report applied")
+            # It reported straight in between, and the report that took it back
+            # to the relay was a full one, on a new stream.
+            first_back = next(i for i, (_, via) in enumerate(sent) if via)
+            assert first_back > 0, sent
+            assert sent[first_back][0], sent
+            assert _requests(second, "RelayProgress") >= 1
+            assert _requests(second, "StreamProgress") >= 1
         finally:
             a.close()
     finally:
