@@ -315,10 +315,12 @@ class CoordinatorClient:
         """Drop an ended (or unwritable) stream, so the next report opens a
         new one, and raise what ended it: StaleSession, its RPC error, or
         `broken`. Returns only when it ended without either (closed here)."""
+        # Read before ending it: ending cancels the call, and a reader still
+        # waiting would then record that local CANCELLED as the stream's error.
+        stale, error = stream.stale, stream.error or broken
         self._end_stream()
-        if stream.stale:
+        if stale:
             raise self._stale("progress")
-        error: grpc.RpcError | None = stream.error or broken
         if error is None:
             return
         if self._via_relay:
