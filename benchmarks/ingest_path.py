@@ -10,6 +10,9 @@ Megatron layout of `tests.support.simagents`), registered into a real
 `JobRegistry`. Two reports per agent one step apart alternate, so every
 report moves `last_completed` (the registry's full update path).
 
+The straggler monitor's part of the same reports (filing them, and scoring a
+tick) is measured too, with agents reading on the 1 s grid with a synced clock.
+
 The anchor is the parse alone of the per-rank form (`ProgressReport.ranks`):
 every other figure is printed as a ratio to it, measured in the same run.
 Medians over `--rounds` passes over every agent's report.
@@ -33,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hangwatch.server.ingest import validate
 from hangwatch.server.live.registry import JobRegistry
+from hangwatch.server.live.stragglers import StragglerMonitor
 
+from hangwatch import pollgrid
 from hangwatch.wire import pb
 from tests.support.simagents import OPS_PER_STEP, RANKS_PER_AGENT, FleetSpec
 from tests.support.simagents.fleet import FleetState
@@ -130,6 +135,46 @@ def live_bytes_per_rank(ranks: int, form: str) -> float:
     return held / ranks
 
 
+def _measure_stragglers(ranks: int, ticks: int) -> dict[str, float]:
+    """The straggler monitor's share of the same reports, columns form: filing
+    them (`observe`, in the gRPC handler) and scoring a tick (its own thread,
+    the same GIL), each agent reading on the 1 s grid with a synced clock as a
+    real agent does. µs per rank report, and per rank per scored tick."""
+    now = [0]  # the monitor's clock, ns: set for each tick below
+    monitor = StragglerMonitor(tick_s=1.0, clock_ns=lambda: now[0])
+
+    async def build() -> FleetState:
+        spec = FleetSpec(target="127.0.0.1:1", job_id="bench", ranks=ranks, epoch=time.time())
+        fleet = FleetState(spec)
+        for a in fleet.agents:
+            a.session_id = "0" * 32
+            a.coordinator_reads_columns = True
+            monitor.register(a.register_request())
+        await asyncio.gather(*(a.channel.close() for a in fleet.agents))
+        return fleet
+
+    fleet = asyncio.run(build())
+    first = time.time_ns() // 1_000_000_000
+    observe: list[float] = []
+    score: list[float] = []
+    for k in range(first, first + ticks + 2):
+        at = pollgrid.instant_ns(k, 1_000_000_000)
+        now[0] = at + 50_000_000  # the reports arrive 50 ms after the instant
+        reports = [a.as_sent(a.progress_report(at / 1e9, status_at_ns=at)) for a in fleet.agents]
+        checked = [validate.progress_report(r) for r in reports]
+        t0 = time.perf_counter()
+        for r, c in zip(reports, checked, strict=True):
+            monitor.observe(r, c)
+        t1 = time.perf_counter()
+        monitor.score_ready()
+        t2 = time.perf_counter()
+        if k >= first + 2:  # scoring starts once ticks close (CLOSE_AFTER_TICKS)
+            observe.append((t1 - t0) / ranks * 1e6)
+            score.append((t2 - t1) / ranks * 1e6)
+    fleet.close()
+    return {"observe": statistics.median(observe), "score_tick": statistics.median(score)}
+
+
 def measure(ranks: int, rounds: int) -> dict[str, Any]:
     """Both wire forms; the anchor is the parse of the per-rank messages."""
     out: dict[str, Any] = {"ranks": ranks, "ranks_per_report": RANKS_PER_AGENT}
@@ -150,6 +195,11 @@ def measure(ranks: int, rounds: int) -> dict[str, Any]:
     out["columns_over_messages"] = (
         out["columns"]["total_us_per_rank_report"] / out["messages"]["total_us_per_rank_report"]
     )
+    st = _measure_stragglers(ranks, max(4, rounds))
+    out["stragglers"] = {
+        "us_per_rank": st,
+        "ratio_to_anchor": {k: v * RANKS_PER_AGENT / anchor for k, v in st.items()},
+    }
     return out
 
 
@@ -179,6 +229,16 @@ def main() -> int:
         print(f"  total            {f['total_us_per_rank_report']:.2f} µs per rank report")
         print(f"  registry         {f['live_bytes_per_rank']:.0f} bytes per rank")
     print(f"columns / messages: {res['columns_over_messages']:.2f}")
+    st = res["stragglers"]
+    print("straggler monitor, columns, synced agents on the 1 s grid:")
+    print(
+        f"  observe          {st['us_per_rank']['observe']:7.2f} µs/rank report"
+        f" {st['ratio_to_anchor']['observe']:6.2f}x anchor (per report)"
+    )
+    print(
+        f"  score a tick     {st['us_per_rank']['score_tick']:7.2f} µs/rank"
+        f" {st['ratio_to_anchor']['score_tick']:6.2f}x anchor (per report)"
+    )
     return 0
 
 

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from hangwatch.agent.delta import DeltaReporter
 
-from hangwatch import progress_columns
+from hangwatch import pollgrid, progress_columns
 from hangwatch.wire import group_info, pb, rpc
 from tests.support.simagents.constants import (
     KINDS,
+    POLL_TICK_S,
     RANKS_PER_AGENT,
+    SIM_CLOCK_ERROR_NS,
     TORCH_VERSION,
     TRANSIENT,
     UNARY_TIMEOUT_S,
@@ -188,7 +190,9 @@ class SimAgent(DumpUploads):
         self.delta.reset(resp.heartbeat_s)
         self._end_stream()  # its session is over
 
-    def progress_report(self, now: float) -> pb.ProgressReport:
+    def progress_report(self, now: float, *, status_at_ns: int = 0) -> pb.ProgressReport:
+        """Every rank's numbers at `now`; `status_at_ns` (the grid instant they
+        were read at) also says so to the straggler monitor, with a synced clock."""
         clock, hang = self.fleet.clock, self.fleet.hang
         idx = clock.index(now)
         self.report_seq += 1
@@ -218,7 +222,13 @@ class SimAgent(DumpUploads):
                     )
                 groups.append(gp)
             ranks.append(
-                pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=groups, fr_age_s=0.0)
+                pb.RankProgress(
+                    rank=r,
+                    state=pb.PROCESS_STATE_RUNNING,
+                    groups=groups,
+                    fr_age_s=0.0,
+                    status_at_ns=status_at_ns,
+                )
             )
         return pb.ProgressReport(
             job_id=self.spec.job_id,
@@ -226,6 +236,8 @@ class SimAgent(DumpUploads):
             session_id=self.session_id,
             report_seq=self.report_seq,
             ranks=ranks,
+            clock_offset_ns=0,
+            clock_error_ns=SIM_CLOCK_ERROR_NS if status_at_ns else 0,
         )
 
     def as_sent(self, report: pb.ProgressReport) -> pb.ProgressReport:
@@ -239,14 +251,27 @@ class SimAgent(DumpUploads):
                 report.columns.CopyFrom(columns)
         return report
 
-    async def progress_loop(self, phase: float) -> None:
-        await asyncio.sleep(phase)
-        interval = self.spec.report_interval_s
-        next_at = time.monotonic()
+    def _next_read_ns(self, after_ns: int) -> int:
+        """The next instant of the shared poll grid this agent reads at: every
+        tick at 1 Hz, every 4th with a 4 s report interval."""
+        tick_ns = int(POLL_TICK_S * 1e9)
+        every = max(1, round(self.spec.report_interval_s / POLL_TICK_S))
+        k, _ = pollgrid.nearest(pollgrid.next_after(after_ns, tick_ns), tick_ns)
+        while k % every:
+            k += 1
+        return pollgrid.instant_ns(k, tick_ns)
+
+    async def progress_loop(self, delay: float) -> None:
+        """Read every rank on the poll grid all agents share and report, as the
+        real agent does (agent.lateness): the nodes read together, and each
+        report reaches the coordinator `delay` after the instant (a node's
+        poll and encoding time), so a job's reports arrive in one burst a tick."""
         while True:
-            now = time.time()
+            at_ns = self._next_read_ns(time.time_ns())
+            await asyncio.sleep(max(0.0, (at_ns - time.time_ns()) / 1e9) + delay)
+            now = at_ns / 1e9
             try:
-                report = self.progress_report(now)
+                report = self.progress_report(now, status_at_ns=at_ns)
                 streaming = self.spec.transport == "stream"
                 if streaming and self._stream is None:
                     self.delta.reset()  # a new stream carries every rank
@@ -277,8 +302,6 @@ class SimAgent(DumpUploads):
                 self._end_stream()
                 self.stats.reports_failed += 1
                 self.stats.error(f"ReportProgress: {e.code().name}: {e.details()}")
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     async def _stream_report(self, report: pb.ProgressReport) -> None:
         if self._stream is None:

@@ -22,6 +22,13 @@ TRANSIENT: Final = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 )
 COMPLETE_ATTEMPTS: Final = 5  # CompleteDump tries, 0.5-4 s apart
+# The poll grid the agents read their ranks on (hangwatch.pollgrid): the
+# coordinator's default --poll-interval, its straggler monitor's tick.
+POLL_TICK_S: Final = 1.0
+# What a simulated agent's clock exchange with a coordinator on the same host
+# would bound its error to: its reports are filed for the straggler monitor,
+# as a synced real agent's are (RankProgress.status_at_ns on the grid).
+SIM_CLOCK_ERROR_NS: Final = 500_000
 
 KINDS: Final = ("default", "tp", "pp", "dp")
 PG_ID: Final = {"default": 0, "tp": 1, "pp": 2, "dp": 3}  # creation order on every rank
