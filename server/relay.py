@@ -107,7 +107,6 @@ class RelayService(rpc.CoordinatorServicer):
                 stream.end()  # the agent closed its side, or it broke
 
         reader = asyncio.create_task(read())
-        relay.streams_open += 1
         try:
             await stream.done.wait()
             if stream.ack is not None:
@@ -115,7 +114,6 @@ class RelayService(rpc.CoordinatorServicer):
             if stream.abort is not None:
                 await context.abort(*stream.abort)
         finally:
-            relay.streams_open -= 1
             reader.cancel()
             for s in sessions:
                 relay.forget(s, stream)
@@ -132,7 +130,6 @@ class Relay:
         self.relay_id = ""
         self.address = ""
         self.connected = False
-        self.streams_open = 0
         self.batches_sent = 0
         self.reports_sent = 0
         token = conf.auth.resolved_token()

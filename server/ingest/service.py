@@ -163,24 +163,6 @@ class CoordinatorService(rpc.CoordinatorServicer):
             node_archives=True,
         )
 
-    async def _apply_known(
-        self,
-        method: str,
-        context: grpc.aio.ServicerContext[Any, Any],
-        apply: Callable[[], None],
-    ) -> bool:
-        """Validate and apply an agent report (`apply` does both); False when
-        its session is unknown (the ack tells the agent to re-register)."""
-        try:
-            apply()
-        except (Invalid, progress_columns.ColumnsError) as e:
-            await self._fail(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except StaleSession:
-            self._ok(method)
-            return False
-        self._ok(method)
-        return True
-
     def _apply_progress(self, request: pb.ProgressReport) -> bool:
         """Check and apply one progress report (any transport); False for an
         unknown session. Raises Invalid for one it refuses."""
@@ -272,13 +254,16 @@ class CoordinatorService(rpc.CoordinatorServicer):
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EntryAck:
-
-        def apply() -> None:
+        try:
             validate.entry_batch(request)
             self.registry.report_entries(request)
-
-        known = await self._apply_known("ReportEntries", context, apply)
-        return pb.EntryAck(known=known)
+        except Invalid as e:
+            await self._fail(context, "ReportEntries", grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except StaleSession:
+            self._ok("ReportEntries")
+            return pb.EntryAck(known=False)  # the agent registers again
+        self._ok("ReportEntries")
+        return pb.EntryAck(known=True)
 
     async def ReportEvent(
         self, request: pb.Event, context: grpc.aio.ServicerContext[Any, Any]

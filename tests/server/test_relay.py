@@ -193,10 +193,7 @@ def test_when_the_relay_stops_its_agents_report_to_the_coordinator(
 
 @pytest.mark.timeout(60)
 def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordinator) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"
-    r = _relay(dead)
+    r = _relay(f"127.0.0.1:{_free_port()}")  # a port nothing listens on
     try:
         cfg = Config.of(coordinator=coordinator.grpc_address, progress_relay=r.address, job_id=JOB)
         a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
