@@ -29,16 +29,27 @@ is cleared once its score over the last CLEAR_TICKS falls below P_CLEAR.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
-import statistics
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
+
+import numpy as np
+from hangwatch.server.live.tracks import (
+    CUSUM_H,
+    NOT_THIS_TICK,
+    WINDOW_TICKS,
+    GroupHistory,
+    TickReadings,
+    Tracks,
+    group_medians,
+    group_medians_int,
+    medians_without,
+)
 
 from hangwatch import pollgrid, progress_columns
 from hangwatch.rankspec import format_ranks
@@ -46,17 +57,6 @@ from hangwatch.wire import pb
 
 log = logging.getLogger("hangwatch.server")
 
-WINDOW_TICKS: Final = 300  # the sliding window: 5 minutes at 1 Hz
-# The sequential test's two hypotheses, as shares of instants behind / ahead
-# of the median member. Healthy: noise, as often behind as ahead. Straggler:
-# behind a tenth of the time, almost never ahead (it is the one waited for).
-P0: Final = 0.02
-P1_BEHIND: Final = 0.06
-P1_AHEAD: Final = 0.005
-LLR_BEHIND: Final = math.log(P1_BEHIND / P0)
-LLR_AHEAD: Final = math.log(P1_AHEAD / P0)
-LLR_LEVEL: Final = math.log((1 - P1_BEHIND - P1_AHEAD) / (1 - 2 * P0))
-CUSUM_H: Final = 6.0  # decision threshold on the summed log-likelihood ratio
 P_FLAG: Final = 0.03  # the score (behind less ahead) must exceed the peers' median by this
 Z_FLAG: Final = 4.0  # ... and by this many standard errors of the peers' noise
 NOISE_FLOOR: Final = 0.01  # least per-tick variance assumed (a job with no noise at all)
@@ -65,15 +65,7 @@ MIN_TICKS: Final = 20
 # is said to have been late in one long run (RankLateness.long_run).
 LONG_RUN_SCORE: Final = 0.25
 MIN_EPISODES: Final = 5
-CLEAR_TICKS: Final = 150
 P_CLEAR: Final = 0.01
-IDLE_TICKS: Final = 5
-# A gap, in collectives, that counts as behind (or ahead). Below a half: with an
-# even number of members the median sits halfway, and a two-rank group's
-# straggler is exactly 0.5 behind, less the instant correction's rounding.
-GAP: Final = 0.4
-LATE_TICKS: Final = 60  # late_ms follows about the last minute
-RATE_TICKS: Final = 30  # baseline for the group's collectives-per-second rate
 CARRY_TICKS: Final = 5  # an unchanged rank's last reading stands for this many ticks
 CLOSE_AFTER_TICKS: Final = 2  # a tick is scored once readings two ticks newer arrive
 MAX_CLOCK_ERROR_NS: Final = 20_000_000  # readings from a worse-synchronised agent are left out
@@ -147,93 +139,13 @@ class JobStragglers:
 
 
 @dataclass
-class _Reading:
-    at_ns: int
-    enqueued: int
-    started: int
-    err_ns: int  # bound on the reading agent's clock offset error
-
-
-@dataclass
-class _Track:
-    """One rank in one group: the window as bit masks (bit 0 = the newest tick it was seen)."""
-
-    seen: int = 0
-    behind: int = 0
-    ahead: int = 0
-    started_seen: int = 0
-    started_behind: int = 0
-    started_ahead: int = 0
-    # Lateness in seconds, averaged over about LATE_TICKS ticks (exponentially).
-    late_s: float = 0.0
-    n: int = 0
-    cusum: float = 0.0
-    flagged_at: float | None = None
-    err_s: float = 0.0  # its agent's latest clock error bound
-
-    def push(self, gap: float, late_s: float, started_gap: float | None) -> None:
-        """One tick: the gap to the median member, in collectives (> 0: behind)."""
-        behind, ahead = gap >= GAP, gap <= -GAP
-        started_behind = None if started_gap is None else started_gap >= GAP
-        started_ahead = started_gap is not None and started_gap <= -GAP
-        mask = (1 << WINDOW_TICKS) - 1
-        self.seen = ((self.seen << 1) | 1) & mask
-        self.behind = ((self.behind << 1) | behind) & mask
-        self.ahead = ((self.ahead << 1) | ahead) & mask
-        self.started_seen = ((self.started_seen << 1) | (started_behind is not None)) & mask
-        self.started_behind = ((self.started_behind << 1) | bool(started_behind)) & mask
-        self.started_ahead = ((self.started_ahead << 1) | started_ahead) & mask
-        self.n += 1
-        self.late_s += (late_s - self.late_s) / min(self.n, LATE_TICKS)
-        step = LLR_BEHIND if behind or started_behind else LLR_AHEAD if ahead else LLR_LEVEL
-        self.cusum = min(2 * CUSUM_H, max(0.0, self.cusum + step))
-
-    def score(self, last: int = WINDOW_TICKS) -> float:
-        """Share of instants behind the median member less the share ahead of it:
-        about 0 for a healthy rank whatever the noise, lateness / step for a straggler."""
-        m = (1 << last) - 1
-        n = (self.seen & m).bit_count()
-        if not n:
-            return 0.0
-        return max(0.0, ((self.behind & m).bit_count() - (self.ahead & m).bit_count()) / n)
-
-    def noise(self) -> float:
-        """Per-tick variance of behind-less-ahead for a rank like this with no lateness."""
-        n = self.seen.bit_count()
-        return (self.behind.bit_count() + self.ahead.bit_count()) / n if n else 0.0
-
-    def started_score(self) -> float | None:
-        n = self.started_seen.bit_count()
-        if not n:
-            return None
-        return max(0.0, (self.started_behind.bit_count() - self.started_ahead.bit_count()) / n)
-
-    def episodes(self) -> int:
-        hits = self.behind | self.started_behind
-        return (hits & ~(hits >> 1)).bit_count()
-
-    def late_ms(self) -> float:
-        return max(0.0, self.late_s * 1e3)
-
-
-@dataclass
-class _Group:
-    members: set[int] = field(default_factory=set)
-    # (tick, median instant ns, median enqueued counter) of recent scored ticks
-    history: deque[tuple[int, float, float]] = field(
-        default_factory=lambda: deque(maxlen=RATE_TICKS + 1)
-    )
-    tracks: dict[int, _Track] = field(default_factory=dict)
-    rate: float = 0.0  # collectives per second, as last measured
-
-
-@dataclass
 class _Job:
-    groups: dict[str, _Group] = field(default_factory=dict)
-    pending: dict[int, dict[str, dict[int, _Reading]]] = field(default_factory=dict)
-    last: dict[tuple[int, str], tuple[int, _Reading]] = field(default_factory=dict)
+    groups: GroupHistory = field(default_factory=GroupHistory)
+    cells: Tracks = field(default_factory=Tracks)
+    pending: dict[int, TickReadings] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
-    group_tables: dict[str, tuple[str, ...]] = field(default_factory=dict)  # agent -> its table
+    group_tables: dict[str, np.ndarray] = field(default_factory=dict)  # agent -> gid per index
+    epoch_ns: int | None = None  # instants in the group history are ns after this
     scored_through: int = -1
     newest_tick: int = -1
     dropped_late: int = 0
@@ -245,6 +157,12 @@ class StragglerMonitor:
     Fed by ReportProgress (`observe`), read by the API, the page and /metrics
     (`view`). `on_flag(job, straggler)` is called, outside the lock, once per
     rank each time it becomes a straggler.
+
+    Over arrays: at 4,096 ranks in 6 groups a tick is 24,576 (group, rank)
+    tracks. Scored one Python object at a time that was 19.5 µs a rank a tick
+    and filing 11 µs a rank report (benchmarks/ingest_path.py), the largest
+    part of a healthy coordinator's CPU; here each report files as a few
+    arrays and each tick is scored for every group at once.
     """
 
     def __init__(
@@ -259,6 +177,7 @@ class StragglerMonitor:
         self.on_flag = on_flag
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._near = pollgrid.NearestTick(self.tick_ns)  # under the lock: reports come in ticks
 
     @property
     def tick_s(self) -> float:
@@ -276,52 +195,105 @@ class StragglerMonitor:
             for ri in req.ranks:
                 job.hosts[ri.rank] = req.host
             # ProgressColumns.cell_group indexes the agent's newest session's table.
-            job.group_tables[req.agent_id] = tuple(progress_columns.group_table(req.ranks))
+            table = progress_columns.group_table(req.ranks)
+            job.group_tables[req.agent_id] = np.array(
+                [job.groups.gid(name) for name in table], np.int64
+            )
 
     def observe(
         self, req: pb.ProgressReport, columns: progress_columns.Columns | None = None
     ) -> None:
         """One agent's report: each carried rank's counters at its instant (its
-        `ranks`, and `columns`: req.columns unpacked). Only files them (the gRPC
-        handler calls this); `score_ready` does the work."""
-        if req.clock_error_ns <= 0 or req.clock_error_ns > MAX_CLOCK_ERROR_NS:
+        `ranks`, and `columns`: req.columns unpacked). Only files them, as they
+        came (the gRPC handler calls this); `score_ready` does the work."""
+        err = req.clock_error_ns
+        if err <= 0 or err > MAX_CLOCK_ERROR_NS:
             return  # instants not comparable with other hosts'
         now = self._clock_ns()
+        offset = req.clock_offset_ns
         with self._lock:
             job = self._job(req.job_id)
+            if len(req.ranks):
+                self._observe_messages(job, req, now)
+            if columns is None or not columns.cell_rank:
+                return
+            table = job.group_tables.get(req.agent_id)
+            if table is None:
+                return
+            c = columns
+            tick = self._one_tick(job, c, offset, now)
+            if tick is not None:
+                if tick > job.scored_through:
+                    base = self._near.at - offset  # the tick's instant on the agent's clock
+                    self._pending(job, tick).add(table, base, req, None)
+                return
             near = pollgrid.NearestTick(self.tick_ns)
-            for rp in req.ranks:
-                tick = self._tick(job, near, rp.status_at_ns, rp.state, req.clock_offset_ns, now)
-                if tick is None:
-                    continue
-                at = rp.status_at_ns + req.clock_offset_ns
-                for gp in rp.groups:
-                    self._file(
-                        job,
-                        tick,
-                        gp.group,
+            ticks = [
+                self._tick(job, near, at, state, offset, now)
+                for at, state in zip(c.status_at_ns, c.state, strict=True)
+            ]
+            for tick in set(ticks):
+                if tick is not None:
+                    at = [a if t == tick else 0 for a, t in zip(c.status_at_ns, ticks, strict=True)]
+                    base = pollgrid.instant_ns(tick, self.tick_ns) - offset
+                    self._pending(job, tick).add(table, base, req, at)
+
+    def _one_tick(
+        self, job: _Job, c: progress_columns.Columns, offset: int, now: int
+    ) -> int | None:
+        """The tick of every rank of the report, where one tick takes them all
+        (an agent reads its ranks within milliseconds of an instant), checked
+        over whole columns with C builtins; None where the ranks must be
+        filed one by one."""
+        lo, hi = min(c.status_at_ns), max(c.status_at_ns)
+        if lo <= 0 or min(c.state) != pb.PROCESS_STATE_RUNNING:
+            return None
+        if max(c.state) != pb.PROCESS_STATE_RUNNING:
+            return None
+        lo, hi = lo + offset, hi + offset
+        if max(abs(lo - now), abs(hi - now)) > MAX_SKEW_TICKS * self.tick_ns:
+            return None
+        tick, off = self._near.find(lo)
+        if off > self.tick_ns // 8 or abs(hi - self._near.at) > self.tick_ns // 8:
+            return None
+        if tick <= job.scored_through:
+            job.dropped_late += len(c.rank)
+        else:
+            job.newest_tick = max(job.newest_tick, tick)
+        return tick
+
+    def _observe_messages(self, job: _Job, req: pb.ProgressReport, now: int) -> None:
+        """The per-rank form: agents older than columns, and ranks whose groups
+        came after their agent registered."""
+        near = pollgrid.NearestTick(self.tick_ns)
+        offset = req.clock_offset_ns
+        for rp in req.ranks:
+            tick = self._tick(job, near, rp.status_at_ns, rp.state, offset, now)
+            if tick is None:
+                continue
+            pending = self._pending(job, tick)
+            at = rp.status_at_ns + offset - pollgrid.instant_ns(tick, self.tick_ns)
+            for gp in rp.groups:
+                pending.messages.append(
+                    (
+                        pending.seq,
+                        job.groups.gid(gp.group),
                         rp.rank,
                         at,
                         gp.last_enqueued,
                         gp.last_started,
                         req.clock_error_ns,
                     )
-            if columns is None or not columns.cell_rank:
-                return
-            c = columns
-            table = job.group_tables.get(req.agent_id, ())
-            ticks = [
-                self._tick(job, near, at, state, req.clock_offset_ns, now)
-                for at, state in zip(c.status_at_ns, c.state, strict=True)
-            ]
-            for i, g, enq, started in zip(
-                c.cell_rank, c.cell_group, c.last_enqueued, c.last_started, strict=True
-            ):
-                tick = ticks[i]
-                if tick is None or g >= len(table):
-                    continue
-                at = c.status_at_ns[i] + req.clock_offset_ns
-                self._file(job, tick, table[g], c.rank[i], at, enq, started, req.clock_error_ns)
+                )
+                pending.seq += 1
+
+    def _pending(self, job: _Job, tick: int) -> TickReadings:
+        pending = job.pending.get(tick)
+        if pending is None:
+            pending = job.pending[tick] = TickReadings()
+            if job.epoch_ns is None:
+                job.epoch_ns = pollgrid.instant_ns(tick, self.tick_ns)
+        return pending
 
     def _tick(
         self,
@@ -347,26 +319,6 @@ class StragglerMonitor:
             return None
         job.newest_tick = max(job.newest_tick, tick)
         return tick
-
-    @staticmethod
-    def _file(
-        job: _Job,
-        tick: int,
-        group: str,
-        rank: int,
-        at: int,
-        enqueued: int,
-        started: int,
-        clock_error_ns: int,
-    ) -> None:
-        if enqueued < 0:
-            return
-        reading = _Reading(at, enqueued, started, clock_error_ns)
-        job.pending.setdefault(tick, {}).setdefault(group, {})[rank] = reading
-        g = job.groups.get(group)
-        if g is None:
-            g = job.groups[group] = _Group()
-        g.members.add(rank)
 
     def score_ready(self) -> int:
         """Score every tick that readings two ticks newer have closed; returns how
@@ -406,114 +358,146 @@ class StragglerMonitor:
         flagged: list[Straggler] = []
         ticks = sorted(t for t in job.pending if t <= last_tick)
         for tick in ticks:
-            readings = job.pending.pop(tick)
-            for name, g in job.groups.items():
-                flagged.extend(self._score_tick(job, name, g, tick, readings.get(name, {})))
+            flagged.extend(self._score_tick(job, tick, job.pending.pop(tick)))
             job.scored_through = tick
         return len(ticks), flagged
 
-    def _score_tick(
-        self, job: _Job, name: str, g: _Group, tick: int, got: dict[int, _Reading]
-    ) -> list[Straggler]:
-        readings = dict(got)
-        for rank, r in got.items():
-            job.last[(rank, name)] = (tick, r)  # ticks are scored in order: never a later one
-        for rank in g.members - readings.keys():
-            prev = job.last.get((rank, name))
-            # Agents report only ranks whose numbers changed: an unreported
-            # rank still has its last counters, read at about this tick.
-            if prev is not None and tick - prev[0] <= CARRY_TICKS:
-                r = prev[1]
-                readings[rank] = _Reading(
-                    pollgrid.instant_ns(tick, self.tick_ns), r.enqueued, r.started, r.err_ns
-                )
-        if len(readings) < 2:
+    def _score_tick(self, job: _Job, tick: int, pending: TickReadings) -> list[Straggler]:
+        """One tick, every group of the job at once."""
+        cells, groups = job.cells, job.groups
+        n_groups = len(groups.names)
+        seq, gid, rank, at, enq, started, err = pending.readings()
+        keep = (at != NOT_THIS_TICK) & (gid >= 0) & (rank >= 0) & (enq >= 0)
+        pick = np.flatnonzero(keep)
+        if len(pick) > 1 and bool((seq[pick[1:]] < seq[pick[:-1]]).any()):
+            pick = pick[np.argsort(seq[pick], kind="stable")]  # both forms in one tick
+        rows = cells.find(gid[pick], rank[pick])
+        if len(rows) and np.bincount(rows).max() > 1:
+            # A rank given twice in a tick: the later reading stands.
+            last = len(rows) - 1 - np.unique(rows[::-1], return_index=True)[1]
+            rows, pick = rows[last], pick[last]
+        at, enq, started, err = at[pick], enq[pick], started[pick], err[pick]
+        cells.last_tick[rows] = tick
+        cells.last_enq[rows] = enq
+        cells.last_started[rows] = started
+        cells.last_err[rows] = err
+        # Agents report only ranks whose numbers changed: an unreported rank
+        # still has its last counters, read at about this tick.
+        live = cells.last_tick[: cells.n_rows]
+        carried = np.flatnonzero((live != tick) & (tick - live <= CARRY_TICKS))
+        if len(carried):
+            rows = np.concatenate([rows, carried])
+            at = np.concatenate([at, np.zeros(len(carried), np.int64)])
+            enq = np.concatenate([enq, cells.last_enq[carried]])
+            started = np.concatenate([started, cells.last_started[carried]])
+            err = np.concatenate([err, cells.last_err[carried]])
+        gid = cells.gid[rows]
+        count = np.bincount(gid, minlength=n_groups)
+        at_f, enq_f = at.astype(np.float64), enq.astype(np.float64)
+        ref_at = group_medians_int(gid, at, count)
+        med = group_medians_int(gid, enq, count)
+        # Groups with two readings or more: the rate over RATE_TICKS scored
+        # ticks (steps longer than a tick still give a rate, not a run of zeros).
+        active = np.flatnonzero(count >= 2)
+        assert job.epoch_ns is not None
+        base = float(pollgrid.instant_ns(tick, self.tick_ns) - job.epoch_ns)
+        ref_abs = base + ref_at[active]
+        med_a = med[active]
+        rate, idle = groups.step(active, ref_abs, med_a)
+        scored = active[(rate > 0) & ~idle]
+        if not len(scored):
             return []
-        ref_at = statistics.median(r.at_ns for r in readings.values())
-        med = statistics.median(r.enqueued for r in readings.values())
-        hist = g.history
-        # The rate over RATE_TICKS scored ticks: steps longer than a tick
-        # still give a rate, not a run of zeros.
-        rate = 0.0
-        if hist:
-            _, at0, e0 = hist[0]
-            if ref_at > at0:
-                rate = (med - e0) / ((ref_at - at0) / 1e9)
-        idle = len(hist) >= IDLE_TICKS and hist[-IDLE_TICKS][2] == med
-        hist.append((tick, ref_at, med))
-        if rate <= 0 or idle:
-            return []
-        g.rate = rate
-        adj = {rank: r.enqueued - rate * (r.at_ns - ref_at) / 1e9 for rank, r in readings.items()}
-        ref = statistics.median(adj.values())
-        with_started = all(r.started >= 0 for r in readings.values())
-        started_ref = 0.0
-        if with_started:
-            sadj = {
-                rank: r.started - rate * (r.at_ns - ref_at) / 1e9 for rank, r in readings.items()
-            }
-            started_ref = statistics.median(sadj.values())
-        for rank in readings:
-            gap = ref - adj[rank]
-            track = g.tracks.setdefault(rank, _Track())
-            track.err_s = readings[rank].err_ns / 1e9
-            track.push(gap, gap / rate, (started_ref - sadj[rank]) if with_started else None)
-        return self._decide(job, name, g)
+        groups.rate[scored] = rate[(rate > 0) & ~idle]
+        is_scored = np.zeros(n_groups, bool)
+        is_scored[scored] = True
+        sel = is_scored[gid]
+        rows, gid, at_f, enq_f, started, err = (
+            a[sel] for a in (rows, gid, at_f, enq_f, started, err)
+        )
+        g_rate = groups.rate[gid]
+        shift = g_rate * (at_f - ref_at[gid]) / 1e9
+        adj = enq_f - shift
+        count = np.bincount(gid, minlength=n_groups)
+        gap = group_medians(gid, adj, count)[gid] - adj
+        with_started = np.bincount(gid, weights=started < 0, minlength=n_groups) == 0
+        sadj = started.astype(np.float64) - shift
+        started_gap = np.where(
+            with_started[gid], group_medians(gid, sadj, count)[gid] - sadj, np.nan
+        )
+        cells.push(rows, gap, gap / g_rate, started_gap, err)
+        return self._decide(job, scored)
 
-    def _decide(self, job: _Job, name: str, g: _Group) -> list[Straggler]:
+    def _decide(self, job: _Job, scored: np.ndarray) -> list[Straggler]:
+        """Flag and clear, in the groups just scored: every group at once."""
+        cells, groups = job.cells, job.groups
+        n = cells.n_rows
+        in_scored = np.zeros(len(groups.names), bool)
+        in_scored[scored] = True
+        tracked = np.flatnonzero(in_scored[cells.gid[:n]] & (cells.n[:n] > 0))
+        flagged = ~np.isnan(cells.flagged_at[tracked])
+        hot = cells.cusum[tracked] >= CUSUM_H
+        if not (flagged | hot).any():
+            return []
+        started = np.nan_to_num(cells.started_score(tracked), nan=0.0)
+        cleared = flagged & (cells.score_clear(tracked) < P_CLEAR) & (started < P_CLEAR)
+        for row in tracked[cleared].tolist():
+            log.info(
+                "group %s: rank %d is no longer a straggler",
+                groups.names[cells.gid[row]],
+                cells.rank[row],
+            )
+            cells.flagged_at[row], cells.cusum[row] = np.nan, 0.0
+        gid = cells.gid[tracked]
+        size = np.bincount(gid, minlength=len(groups.names))
+        seen = cells.seen(tracked)
+        cand = ~flagged & hot & (seen >= MIN_TICKS) & (size[gid] >= 2)
+        if not cand.any():
+            return []
+        # Only the groups with a candidate; in each, the peers' medians for
+        # every candidate from one sort: a median over the others per
+        # candidate was O(members²) per tick once noise lifted many CUSUMs at
+        # thousands of ranks.
+        mine = np.isin(gid, np.unique(gid[cand]))
+        members, gid, pick = tracked[mine], gid[mine], np.flatnonzero(cand[mine])
+        scores = cells.score(members)
+        started = np.nan_to_num(cells.started_score(members), nan=0.0)
+        err_s, noise = cells.err_s[members], cells.noise(members)
+        p = np.maximum(scores[pick], started[pick])
+        rate = groups.rate[gid[pick]]
+        # A clock error of e shifts a rank's share behind by up to rate * e:
+        # that much of the excess proves nothing (NTP's bound is half the round trip).
+        err = err_s[pick] + medians_without(gid, err_s, pick)
+        excess = p - medians_without(gid, scores, pick) - rate * err
+        # The peers' own behind-or-ahead share is the noise a healthy rank shows.
+        var = np.maximum(NOISE_FLOOR, medians_without(gid, noise, pick))
+        rows = members[pick]
+        hit = (
+            (excess >= P_FLAG)
+            & (excess * np.sqrt(cells.seen(rows) / var) >= Z_FLAG)
+            & (cells.episodes[rows] >= MIN_EPISODES)
+        )
         out: list[Straggler] = []
-        todo = [
-            (rank, t)
-            for rank, t in g.tracks.items()
-            if t.flagged_at is not None or t.cusum >= CUSUM_H
-        ]
-        if not todo:
-            return out
-        scores = {rank: t.score() for rank, t in g.tracks.items()}
-        # The peers' medians for each candidate, from one sort per group and
-        # tick: a median over the others per candidate was O(members²) per
-        # tick once noise lifted many CUSUMs at thousands of ranks.
-        by_score = sorted(scores.values())
-        by_err = sorted(t.err_s for t in g.tracks.values())
-        by_noise = sorted(t.noise() for t in g.tracks.values())
-        for rank, t in todo:
-            if t.flagged_at is not None:
-                if t.score(CLEAR_TICKS) < P_CLEAR and (t.started_score() or 0.0) < P_CLEAR:
-                    log.info("group %s: rank %d is no longer a straggler", name, rank)
-                    t.flagged_at, t.cusum = None, 0.0
-                continue
-            if t.cusum < CUSUM_H or t.seen.bit_count() < MIN_TICKS:
-                continue
-            p = max(scores[rank], t.started_score() or 0.0)
-            if len(g.tracks) < 2:
-                continue
-            # A clock error of e shifts a rank's share behind by up to rate * e:
-            # that much of the excess proves nothing (NTP's bound is half the round trip).
-            err = t.err_s + median_without(by_err, t.err_s)
-            excess = p - median_without(by_score, scores[rank]) - g.rate * err
-            # The peers' own behind-or-ahead share is the noise a healthy rank shows.
-            var = max(NOISE_FLOOR, median_without(by_noise, t.noise()))
-            n = t.seen.bit_count()
-            if (
-                excess >= P_FLAG
-                and excess * math.sqrt(n / var) >= Z_FLAG
-                and t.episodes() >= MIN_EPISODES
-            ):
-                t.flagged_at = self._clock_ns() / 1e9
-                out.append(self._straggler(job, name, rank, t))
+        named = rows[hit]
+        for row in named[np.argsort(cells.gid[named], kind="stable")].tolist():
+            cells.flagged_at[row] = self._clock_ns() / 1e9
+            out.append(self._straggler(job, groups.names[cells.gid[row]], row))
         return out
 
-    def _straggler(self, job: _Job, name: str, rank: int, t: _Track) -> Straggler:
-        started = t.started_score()
+    def _straggler(self, job: _Job, name: str, row: int) -> Straggler:
+        cells = job.cells
+        one = np.array([row])
+        score = float(cells.score(one)[0])
+        started = float(cells.started_score(one)[0])
         # Late to start because late to enqueue: the host. Started late though
         # enqueued on time: the device or the link.
-        host_side = started is None or t.score() >= 0.5 * started
+        host_side = math.isnan(started) or score >= 0.5 * started
+        rank = int(cells.rank[row])
         return Straggler(
             rank=rank,
             host=job.hosts.get(rank, ""),
-            score=max(t.score(), t.started_score() or 0.0),
-            late_ms=t.late_ms(),
-            since=t.flagged_at or 0.0,
+            score=max(score, 0.0 if math.isnan(started) else started),
+            late_ms=max(0.0, float(cells.late_s[row]) * 1e3),
+            since=float(cells.flagged_at[row]),
             kind=KIND_HOST if host_side else KIND_DEVICE,
             group=name,
         )
@@ -525,32 +509,37 @@ class StragglerMonitor:
             job = self._jobs.get(job_id)
             if job is None:
                 return None
-            best: dict[int, tuple[str, _Track]] = {}
-            for name, g in job.groups.items():
-                for rank, t in g.tracks.items():
-                    cur = best.get(rank)
-                    if cur is None or (t.flagged_at is not None, t.score()) > (
-                        cur[1].flagged_at is not None,
-                        cur[1].score(),
-                    ):
-                        best[rank] = (name, t)
+            cells = job.cells
+            rows = np.flatnonzero(cells.n[: cells.n_rows] > 0)
+            scores = cells.score(rows)
+            flagged = ~np.isnan(cells.flagged_at[rows])
+            # Each rank's worst group: flagged first, then the highest score,
+            # then the group seen first.
+            order = np.lexsort((cells.gid[rows], -scores, ~flagged, cells.rank[rows]))
+            ranked = cells.rank[rows][order]
+            first = np.ones(len(order), bool)
+            first[1:] = ranked[1:] != ranked[:-1]
+            best = rows[order[first]]
+            b_scores, b_started = cells.score(best), cells.started_score(best)
+            b_seen, b_late = cells.seen(best), cells.late_s[best]
+            names = job.groups.names
             ranks = [
                 RankLateness(
-                    rank=rank,
-                    host=job.hosts.get(rank, ""),
-                    score=t.score(),
-                    late_ms=t.late_ms(),
-                    group=name,
-                    ticks=t.seen.bit_count(),
-                    started_score=t.started_score(),
-                    straggler=t.flagged_at is not None,
+                    rank=int(cells.rank[row]),
+                    host=job.hosts.get(int(cells.rank[row]), ""),
+                    score=float(b_scores[i]),
+                    late_ms=max(0.0, float(b_late[i]) * 1e3),
+                    group=names[cells.gid[row]],
+                    ticks=int(b_seen[i]),
+                    started_score=None if math.isnan(b_started[i]) else float(b_started[i]),
+                    straggler=not math.isnan(cells.flagged_at[row]),
                 )
-                for rank, (name, t) in sorted(best.items())
+                for i, row in enumerate(best.tolist())
             ]
             stragglers = [
-                self._straggler(job, name, rank, t)
-                for rank, (name, t) in sorted(best.items())
-                if t.flagged_at is not None
+                self._straggler(job, names[cells.gid[row]], row)
+                for row in best.tolist()
+                if not math.isnan(cells.flagged_at[row])
             ]
         return JobStragglers(
             job=job_id,
@@ -573,17 +562,3 @@ class StragglerMonitor:
         else:
             self._jobs.move_to_end(job_id)
         return job
-
-
-def median_without(ordered: list[float], value: float) -> float:
-    """The median of `ordered` (sorted, holding `value`) with one `value` left
-    out: statistics.median of the rest, in O(log n)."""
-    k = bisect.bisect_left(ordered, value)
-    m = len(ordered) - 1
-
-    def at(j: int) -> float:
-        return ordered[j] if j < k else ordered[j + 1]
-
-    if m % 2:
-        return at(m // 2)
-    return (at(m // 2 - 1) + at(m // 2)) / 2

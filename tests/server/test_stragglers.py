@@ -10,13 +10,14 @@ from __future__ import annotations
 import random
 import statistics
 
+import numpy as np
 import pytest
 from hangwatch.server.live.stragglers import (
     KIND_DEVICE,
     KIND_HOST,
     StragglerMonitor,
-    median_without,
 )
+from hangwatch.server.live.tracks import CLEAR_TICKS, GAP, WINDOW_TICKS, Tracks, medians_without
 
 from hangwatch.wire import pb
 from tests.support.simagents.lateness import SimJob, replay
@@ -24,8 +25,9 @@ from tests.support.simagents.lateness import SimJob, replay
 CLOCK_ERROR_S = 0.0005  # an NTP-style offset over a LAN round trip
 
 
-def test_rank_slowed_by_half_is_named_within_a_minute_and_nobody_else() -> None:
-    r = replay(SimJob(ranks=16, slow={5: 0.5}), 90, clock_error_s=CLOCK_ERROR_S)
+@pytest.mark.parametrize("columns", [False, True], ids=["messages", "columns"])
+def test_rank_slowed_by_half_is_named_within_a_minute_and_nobody_else(columns: bool) -> None:
+    r = replay(SimJob(ranks=16, slow={5: 0.5}), 90, clock_error_s=CLOCK_ERROR_S, columns=columns)
     named = r.first_flag(5)
     assert named is not None and named <= 60, r.flags
     assert r.others({5}) == []
@@ -65,9 +67,10 @@ def test_a_hang_is_not_a_straggler() -> None:
     assert r.flags == []
 
 
-def test_late_start_with_on_time_enqueue_is_device_side() -> None:
+@pytest.mark.parametrize("columns", [False, True], ids=["messages", "columns"])
+def test_late_start_with_on_time_enqueue_is_device_side(columns: bool) -> None:
     job = SimJob(ranks=16, device_slow={7: 0.5}, started=True)
-    r = replay(job, 90, clock_error_s=CLOCK_ERROR_S)
+    r = replay(job, 90, clock_error_s=CLOCK_ERROR_S, columns=columns)
     assert [(s.rank, s.kind) for _, s in r.flags] == [(7, KIND_DEVICE)]
     assert r.view is not None
     row = next(x for x in r.view.ranks if x.rank == 7)
@@ -83,9 +86,10 @@ def test_steps_longer_than_the_poll_interval() -> None:
     assert r.others({2}) == []
 
 
-def test_a_recovered_rank_is_cleared_and_stays_cleared() -> None:
+@pytest.mark.parametrize("columns", [False, True], ids=["messages", "columns"])
+def test_a_recovered_rank_is_cleared_and_stays_cleared(columns: bool) -> None:
     job = SimJob(ranks=16, slow={4: 0.5}, slow_until_s=60.0)
-    r = replay(job, 400, clock_error_s=CLOCK_ERROR_S)
+    r = replay(job, 400, clock_error_s=CLOCK_ERROR_S, columns=columns)
     assert [s.rank for _, s in r.flags] == [4]  # named once, not again
     assert r.view is not None and r.view.stragglers == []
 
@@ -131,15 +135,19 @@ def test_two_rank_job() -> None:
 
 
 @pytest.mark.timeout(10)
-def test_median_without_is_the_median_of_the_others() -> None:
+def test_medians_without_is_the_median_of_the_others_in_each_group() -> None:
     rng = random.Random(7)
-    for n in (2, 3, 4, 5, 8, 33):
-        for _ in range(50):
-            vals = [rng.choice([0.0, 0.01, 0.02, rng.random()]) for _ in range(n)]
-            ordered = sorted(vals)
-            for i, v in enumerate(vals):
-                rest = vals[:i] + vals[i + 1 :]
-                assert median_without(ordered, v) == statistics.median(rest)
+    for _ in range(200):
+        sizes = [rng.choice([2, 3, 4, 5, 8, 33]) for _ in range(rng.randint(1, 4))]
+        group = np.array([g for g, n in enumerate(sizes) for _ in range(n)])
+        vals = [rng.choice([0.0, 0.01, 0.02, rng.random()]) for _ in group]
+        order = rng.sample(range(len(vals)), len(vals))  # members in no particular order
+        group, values = group[order], np.array(vals)[order]
+        pick = np.arange(len(values))
+        got = medians_without(group, values, pick)
+        for i in pick:
+            rest = [float(v) for j, v in enumerate(values) if j != i and group[j] == group[i]]
+            assert got[i] == statistics.median(rest)
 
 
 def test_a_rank_late_in_one_long_run_is_explained_not_contradicted() -> None:
@@ -160,3 +168,53 @@ def test_a_rank_late_in_one_long_run_is_explained_not_contradicted() -> None:
     )
     assert hung.none_named.startswith("No stragglers: ranks 1 kept their group waiting 25%+")
     assert [r.long_run for r in hung.ranks] == [False, True]
+
+
+@pytest.mark.timeout(30)
+def test_window_counts_kept_as_pushes_come_and_go_equal_a_recount() -> None:
+    """The tracks keep their window's counts by adding each push and taking
+    out the one that leaves (WINDOW_TICKS and CLEAR_TICKS back); after every
+    push they must equal a count over the pushes themselves. Rows are pushed
+    at different rates, as ranks missing from some ticks are."""
+    rng = random.Random(11)
+    tracks = Tracks()
+    rows = tracks.find(np.zeros(6, np.int64), np.arange(6))
+    history: list[list[tuple[bool, bool, bool, bool, bool]]] = [[] for _ in rows]
+    for _ in range(2 * WINDOW_TICKS + 40):
+        pushed = np.array([r for r in rows.tolist() if rng.random() < 0.8 + 0.03 * r])
+        if not len(pushed):
+            continue
+        gap = np.array([rng.choice([-1.0, 0.0, 0.0, 0.5, 1.0]) for _ in pushed])
+        sgap = np.array([rng.choice([np.nan, -1.0, 0.0, 1.0]) for _ in pushed])
+        tracks.push(pushed, gap, gap / 10, sgap, np.full(len(pushed), 1000))
+        for r, g, sg in zip(pushed.tolist(), gap.tolist(), sgap.tolist(), strict=True):
+            seen = not np.isnan(sg)
+            history[r].append((g >= GAP, g <= -GAP, seen, seen and sg >= GAP, seen and sg <= -GAP))
+        for r in rows.tolist():
+            win, last = history[r][-WINDOW_TICKS:], history[r][-CLEAR_TICKS:]
+            one = np.array([r])
+            assert tracks.seen(one)[0] == len(win)
+            assert tracks.behind[r] == sum(p[0] for p in win)
+            assert tracks.ahead[r] == sum(p[1] for p in win)
+            assert (tracks.s_seen[r], tracks.s_behind[r], tracks.s_ahead[r]) == (
+                sum(p[2] for p in win),
+                sum(p[3] for p in win),
+                sum(p[4] for p in win),
+            )
+            assert tracks.behind_clear[r] == sum(p[0] for p in last)
+            assert tracks.ahead_clear[r] == sum(p[1] for p in last)
+            hits = [p[0] or p[3] for p in win]
+            runs = sum(h and (i == 0 or not hits[i - 1]) for i, h in enumerate(hits))
+            assert tracks.episodes[r] == runs
+
+
+def test_a_rank_in_two_groups_is_named_in_each_and_scored_against_its_own_peers() -> None:
+    """Every rank sits in the world group and a 4-rank group that counts three
+    collectives to the world's one; rank 6 is slow. It is named in both of
+    its groups, nobody else is, and the view lists each rank once."""
+    r = replay(SimJob(ranks=16, slow={6: 0.5}), 90, clock_error_s=CLOCK_ERROR_S, subgroup=4)
+    assert sorted((s.rank, s.group) for _, s in r.flags) == [(6, "0"), (6, "sub1")]
+    assert r.view is not None and sorted(x.rank for x in r.view.ranks) == list(range(16))
+    # Each group's median is its own: with the groups' counters mixed, the
+    # healthy ranks of sub3 scored 0.06 here.
+    assert max(x.score for x in r.view.ranks if x.rank != 6) < 0.05

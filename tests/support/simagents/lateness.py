@@ -129,11 +129,13 @@ class Readings:
         heartbeat_s: float = 3.0,
         seed: int = 1,
         columns: bool = False,
+        subgroup: int = 0,
     ) -> None:
         """`columns`: the reports carry ProgressReport.columns, as current agents
-        send them, instead of one message per rank."""
+        send them, instead of one message per rank. `subgroup`: every rank is
+        also in a group of this many consecutive ranks ("sub<k>")."""
         self.job, self.timeline, self.job_id = job, timeline, job_id
-        self.columns = columns
+        self.columns, self.subgroup = columns, subgroup
         self.tick_s, self.read_spread_s = tick_s, read_spread_s
         self._rng = random.Random(seed)
         self.agents = [
@@ -147,7 +149,19 @@ class Readings:
         for a in self.agents:
             a.delta.reset(heartbeat_s)
 
+    def _groups(self, rank: int) -> list[str]:
+        if not self.subgroup:
+            return [GROUP]
+        return [GROUP, f"sub{rank // self.subgroup}"]
+
+    @staticmethod
+    def _scaled(group: str, counter: int) -> int:
+        """A subgroup's counter: three of its collectives to one of the world's
+        (a tensor-parallel group's share), so the groups' counters differ."""
+        return counter if group == GROUP or counter < 0 else 3 * counter + 1
+
     def register_requests(self) -> list[pb.RegisterRequest]:
+        n, k = self.job.ranks, self.subgroup
         return [
             pb.RegisterRequest(
                 job_id=self.job_id,
@@ -157,7 +171,15 @@ class Readings:
                     pb.RankInfo(
                         rank=r,
                         world_size=self.job.ranks,
-                        groups=[pb.GroupInfo(name=GROUP, ranks=range(self.job.ranks))],
+                        groups=[
+                            pb.GroupInfo(
+                                name=name,
+                                ranks=range(n)
+                                if name == GROUP
+                                else range(r - r % k, r - r % k + k),
+                            )
+                            for name in self._groups(r)
+                        ],
                     )
                     for r in a.ranks
                 ],
@@ -180,10 +202,11 @@ class Readings:
                         state=pb.PROCESS_STATE_RUNNING,
                         groups=[
                             pb.GroupProgress(
-                                group=GROUP,
-                                last_enqueued=tl.counter(tl.enq[r], true_t),
-                                last_started=started,
+                                group=name,
+                                last_enqueued=self._scaled(name, tl.counter(tl.enq[r], true_t)),
+                                last_started=self._scaled(name, started),
                             )
+                            for name in self._groups(r)
                         ],
                         # on the agent's clock, which the offset then maps back
                         status_at_ns=int(true_t * 1e9) + a.clock_error_ns,
@@ -196,7 +219,9 @@ class Readings:
             a.seq += 1
             carried, columns = pick[0], None
             if self.columns:
-                columns, carried = progress_columns.encode(carried, {GROUP: 0})
+                names = [g for r in a.ranks for g in self._groups(r)]
+                table = {g: i for i, g in enumerate(dict.fromkeys(names))}
+                columns, carried = progress_columns.encode(carried, table)
             yield pb.ProgressReport(
                 job_id=self.job_id,
                 agent_id=a.agent_id,
