@@ -49,7 +49,14 @@ class Packer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=_ROOT,
-            env={**os.environ, "PYTHONPATH": str(_ROOT)},
+            # The repository first, the caller's path after it (an install
+            # made with --target lives there).
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(_ROOT), os.environ.get("PYTHONPATH", "")) if p
+                ),
+            },
         )
         # Writers queue their future and write under one lock (answers come
         # back in that order); the reader takes futures under another, never
