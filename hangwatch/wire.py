@@ -66,6 +66,25 @@ def message_size_options(max_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+# gRPC's C core cancels a call that arrives while too many others wait for
+# the Python server to take them: at random past a soft limit (default
+# 1,000), every one past a hard limit (3,000). An incident makes every agent
+# call at once: at 16,384 simulated ranks 4-130 of 2,048 nodes' phase-one
+# uploads ended CANCELLED, and on loopback a burst of 2,048 calls lost 7-9%
+# (benchmarks/call_burst.py). Sized for 4,096 agents (32,768 ranks) with four
+# calls each waiting; a waiting call holds its first bytes, tens of KB.
+SERVER_MAX_PENDING: Final = 16_384
+SERVER_MAX_PENDING_HARD: Final = 65_536
+
+
+def server_backlog_options() -> list[tuple[str, int]]:
+    """gRPC server options: how many calls may wait to be taken (above)."""
+    return [
+        ("grpc.server.max_pending_requests", SERVER_MAX_PENDING),
+        ("grpc.server.max_pending_requests_hard_limit", SERVER_MAX_PENDING_HARD),
+    ]
+
+
 def member_runs(members: Iterable[int]) -> list[int]:
     """GroupInfo.rank_ranges for `members`: (start, stop, step) triples, the
     longest arithmetic run first, greedily."""

@@ -37,7 +37,7 @@ from hangwatch.server.workers import Worker, Workers, executor_threads
 
 from hangwatch.addresses import hostport
 from hangwatch.config import Config
-from hangwatch.wire import message_size_options, rpc
+from hangwatch.wire import message_size_options, rpc, server_backlog_options
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ def grpc_options(config: Config) -> list[tuple[str, Any]]:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
         ("grpc.so_reuseport", 0),
+        *server_backlog_options(),
     ]
 
 

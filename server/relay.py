@@ -45,7 +45,13 @@ from hangwatch.server.ingest.auth import TokenAuth
 from hangwatch import config as cfg
 from hangwatch.addresses import hostport
 from hangwatch.lifecycle import ShutdownSignals, configure_logging
-from hangwatch.wire import MAX_RELAYED_REPORTS, message_size_options, pb, rpc
+from hangwatch.wire import (
+    MAX_RELAYED_REPORTS,
+    message_size_options,
+    pb,
+    rpc,
+    server_backlog_options,
+)
 
 log = logging.getLogger("hangwatch.relay")
 
@@ -148,6 +154,12 @@ class Relay:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
+
+    @staticmethod
+    def server_options(max_bytes: int) -> list[tuple[str, int]]:
+        """The agent-facing server's options: its agents reconnect at once
+        when it restarts, so it takes the coordinator's backlog too."""
+        return [*message_size_options(max_bytes), *server_backlog_options()]
 
     # ---- the agents' side (on the loop) -------------------------------------
 
@@ -254,7 +266,7 @@ class Relay:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake, self._stopping = asyncio.Event(), asyncio.Event()
-        options = message_size_options(self._max_bytes)
+        options = self.server_options(self._max_bytes)
         interceptors = [TokenAuth(self._token)] if self._token else []
         server = grpc.aio.server(interceptors=interceptors, options=options)
         rpc.add_CoordinatorServicer_to_server(RelayService(self), server)
