@@ -274,18 +274,14 @@ class StragglerMonitor:
             pending = self._pending(job, tick)
             at = rp.status_at_ns + offset - pollgrid.instant_ns(tick, self.tick_ns)
             for gp in rp.groups:
-                pending.messages.append(
-                    (
-                        pending.seq,
-                        job.groups.gid(gp.group),
-                        rp.rank,
-                        at,
-                        gp.last_enqueued,
-                        gp.last_started,
-                        req.clock_error_ns,
-                    )
+                pending.add_message(
+                    job.groups.gid(gp.group),
+                    rp.rank,
+                    at,
+                    gp.last_enqueued,
+                    gp.last_started,
+                    req.clock_error_ns,
                 )
-                pending.seq += 1
 
     def _pending(self, job: _Job, tick: int) -> TickReadings:
         pending = job.pending.get(tick)
@@ -425,15 +421,14 @@ class StragglerMonitor:
             with_started[gid], group_medians(gid, sadj, count)[gid] - sadj, np.nan
         )
         cells.push(rows, gap, gap / g_rate, started_gap, err)
-        return self._decide(job, scored)
+        return self._decide(job, is_scored)
 
-    def _decide(self, job: _Job, scored: np.ndarray) -> list[Straggler]:
-        """Flag and clear, in the groups just scored: every group at once."""
+    def _decide(self, job: _Job, is_scored: np.ndarray) -> list[Straggler]:
+        """Flag and clear, in the groups just scored (`is_scored`, by gid): every
+        group at once."""
         cells, groups = job.cells, job.groups
         n = cells.n_rows
-        in_scored = np.zeros(len(groups.names), bool)
-        in_scored[scored] = True
-        tracked = np.flatnonzero(in_scored[cells.gid[:n]] & (cells.n[:n] > 0))
+        tracked = np.flatnonzero(is_scored[cells.gid[:n]] & (cells.n[:n] > 0))
         flagged = ~np.isnan(cells.flagged_at[tracked])
         hot = cells.cusum[tracked] >= CUSUM_H
         if not (flagged | hot).any():
@@ -459,8 +454,7 @@ class StragglerMonitor:
         # thousands of ranks.
         mine = np.isin(gid, np.unique(gid[cand]))
         members, gid, pick = tracked[mine], gid[mine], np.flatnonzero(cand[mine])
-        scores = cells.score(members)
-        started = np.nan_to_num(cells.started_score(members), nan=0.0)
+        scores, started = cells.score(members), started[mine]
         err_s, noise = cells.err_s[members], cells.noise(members)
         p = np.maximum(scores[pick], started[pick])
         rate = groups.rate[gid[pick]]
@@ -520,7 +514,7 @@ class StragglerMonitor:
             first = np.ones(len(order), bool)
             first[1:] = ranked[1:] != ranked[:-1]
             best = rows[order[first]]
-            b_scores, b_started = cells.score(best), cells.started_score(best)
+            b_scores, b_started = scores[order[first]], cells.started_score(best)
             b_seen, b_late = cells.seen(best), cells.late_s[best]
             names = job.groups.names
             ranks = [

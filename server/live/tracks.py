@@ -312,6 +312,13 @@ class TickReadings:
         self.columns.append((self.seq, table, base, req, status_at))
         self.seq += 1
 
+    def add_message(
+        self, gid: int, rank: int, at: int, enqueued: int, started: int, err_ns: int
+    ) -> None:
+        """One (group, rank) of a per-rank report; `at` less the tick's instant."""
+        self.messages.append((self.seq, gid, rank, at, enqueued, started, err_ns))
+        self.seq += 1
+
     def readings(self) -> tuple[np.ndarray, ...]:
         """(seq, gid, rank, at, enqueued, started, err) of every reading, as arrays."""
         parts = [self._from_columns()] if self.columns else []
