@@ -164,11 +164,24 @@ class Columns(NamedTuple):
     ops: tuple[str, ...]
 
 
+# Compiled layouts by (code, count): an agent sends the same shapes report
+# after report, and formatting and looking up the format string was a third
+# of decode's time (benchmarks/ingest_path.py). Bounded: a hostile peer
+# varying its counts would otherwise grow it for ever.
+_STRUCTS: dict[tuple[str, int], struct.Struct] = {}
+_MAX_STRUCTS: Final = 4096
+
+
 def _unpack(raw: bytes, name: str, code: str, width: int, n: int) -> tuple[Any, ...]:
     """`n` values of struct `code` (`width` bytes each) from field `name`."""
     if len(raw) != n * width:
         raise ColumnsError(f"columns.{name}: {len(raw)} bytes, expected {n} x {width}")
-    out: tuple[Any, ...] = struct.unpack(f"<{n}{code}", raw)
+    s = _STRUCTS.get((code, n))
+    if s is None:
+        if len(_STRUCTS) >= _MAX_STRUCTS:
+            _STRUCTS.clear()
+        s = _STRUCTS[code, n] = struct.Struct(f"<{n}{code}")
+    out: tuple[Any, ...] = s.unpack(raw)
     return out
 
 
@@ -207,25 +220,26 @@ def decode(msg: pb.ProgressColumns) -> Columns:
             f & HAS_IN_FLIGHT and o >= len(ops) for f, o in zip(flags, op, strict=True)
         ):
             raise ColumnsError(f"columns.in_flight_op: {max(op)} is not one of {len(ops)} ops")
+    # Positional: keyword construction of a 20-field NamedTuple cost 2 µs a report.
     return Columns(
-        rank=rank,
-        state=codes[:r],
-        rank_flags=codes[r:],
-        status_at_ns=rc[:r],
-        cpu_time_ns=rc[r : 2 * r],
-        runqueue_wait_ns=rc[2 * r :],
-        io_bytes=io,
-        fr_age_s=fr_age,
-        cell_rank=cell_rank,
-        cell_group=cell_group,
-        cell_flags=flags,
-        last_enqueued=cc[:c],
-        last_completed=cc[c : 2 * c],
-        last_started=cc[2 * c : 3 * c],
-        collectives_enqueued=cc[3 * c : 4 * c],
-        collectives_completed=cc[4 * c : 5 * c],
-        in_flight_seq=cc[5 * c :],
-        in_flight_age_s=ages,
-        in_flight_op=op,
-        ops=ops,
+        rank,
+        codes[:r],
+        codes[r:],
+        rc[:r],
+        rc[r : 2 * r],
+        rc[2 * r :],
+        io,
+        fr_age,
+        cell_rank,
+        cell_group,
+        flags,
+        cc[:c],
+        cc[c : 2 * c],
+        cc[2 * c : 3 * c],
+        cc[3 * c : 4 * c],
+        cc[4 * c : 5 * c],
+        cc[5 * c :],
+        ages,
+        op,
+        ops,
     )

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from hangwatch.server.live.cells import apply_cell, store_cell
+from hangwatch.server.live.cells import apply_cell, store_columns
 from hangwatch.server.live.commands import Command
 from hangwatch.server.live.detector import JobQuiet, quiet_bound
 from hangwatch.server.live.records import (
@@ -360,6 +360,9 @@ class JobRegistry:
     ) -> bool:
         """The columnar form: the same steps as `ranks`, over unpacked tuples
         (`plan` the records they resolved to)."""
+        # _apply_rank's steps inline: a call with nine arguments a rank was a
+        # fifth of the columnar path (benchmarks/ingest_path.py).
+        window = self.stall_timeout
         for r, state, flags, age, cpu, wait, io in zip(
             plan.rows,
             c.state,
@@ -370,45 +373,15 @@ class JobRegistry:
             c.io_bytes,
             strict=True,
         ):
-            self._apply_rank(
-                r,
-                now,
-                state,
-                bool(flags & progress_columns.FINISHED),
-                age,
-                cpu + wait if cpu else 0,
-                bool(flags & progress_columns.IN_COMPILE),
-                bool(flags & progress_columns.COMPILER_RUNNING),
-                io,
-            )
-        moved = False
-        ops = c.ops
-        for rg, g, flags, enq, comp, cenq, ccomp, fseq, fage, fop in zip(
-            plan.rank_groups,
-            plan.groups,
-            c.cell_flags,
-            c.last_enqueued,
-            c.last_completed,
-            c.collectives_enqueued,
-            c.collectives_completed,
-            c.in_flight_seq,
-            c.in_flight_age_s,
-            c.in_flight_op,
-            strict=True,
-        ):
-            if rg is not None and g is not None:
-                moved |= store_cell(
-                    job,
-                    rg,
-                    g,
-                    now,
-                    enq,
-                    comp,
-                    bool(flags & progress_columns.COMPLETION_UNKNOWN),
-                    (cenq, ccomp) if flags & progress_columns.HAS_COLLECTIVES else None,
-                    (fseq, ops[fop], fage) if flags & progress_columns.HAS_IN_FLIGHT else None,
-                )
-        return moved
+            r.process_state = process_state_name(state)
+            r.finished = flags & progress_columns.FINISHED != 0
+            r.fr_age_s = age
+            r.last_report = now
+            r.cpu.note(now, cpu + wait if cpu else 0, window)
+            r.io.note(now, io, window, zero_known=True)
+            r.in_compile = flags & progress_columns.IN_COMPILE != 0
+            r.compiler_running = flags & progress_columns.COMPILER_RUNNING != 0
+        return store_columns(job, plan.rank_groups, plan.groups, c, now)
 
     def _cell_plan(
         self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns

@@ -204,6 +204,27 @@ def _state(reg: JobRegistry) -> JobSnapshot:
     return dataclasses.replace(snap, agents=agents)
 
 
+def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
+    """Every rank's record and its cells, field by field: the snapshot leaves
+    out some of what the stall scan reads later (when a collective was first
+    seen in flight), and each form stores them by its own loop."""
+    job = reg._jobs["j"]
+    return {
+        rank: (
+            r.process_state,
+            r.finished,
+            r.fr_age_s,
+            r.last_report,
+            r.cpu,
+            r.io,
+            r.in_compile,
+            r.compiler_running,
+            {name: dataclasses.astuple(rg) for name, rg in r.groups.items()},
+        )
+        for rank, r in job.ranks.items()
+    }
+
+
 @pytest.mark.timeout(300)
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(report_ranks(), st.floats(min_value=0, max_value=8)), max_size=12))
@@ -226,6 +247,7 @@ def test_two_registries_fed_both_forms_agree_at_every_step(
             job_id="j", agent_id="a", session_id=sid_c, report_seq=seq, ranks=rest, columns=cols
         )
         as_columns.report_progress(req, validate.progress_report(req))
+        assert _records(as_columns) == _records(as_messages)
         assert _state(as_columns) == _state(as_messages)
         assert as_columns.stalls("j") == as_messages.stalls("j")
         assert as_columns.quiet("j") == as_messages.quiet("j")
@@ -314,9 +336,60 @@ def test_registrations_between_same_layout_reports_are_seen_by_the_next(
             except StaleSession:
                 outcomes.append("stale")
         assert outcomes[0] == outcomes[1], outcomes
+        assert _records(as_columns) == _records(as_messages)
         assert _state(as_columns) == _state(as_messages)
         assert as_columns.stalls("j") == as_messages.stalls("j")
         assert as_columns.last_progress("j") == as_messages.last_progress("j")
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_in_one_collective_keeps_its_earliest_entry_in_both_forms() -> None:
+    """How long a rank has waited in one collective is the earliest entry any
+    report implied (arrival time less the agent's age): a later report with a
+    shorter age (its agent polled late) must not make the wait look newer.
+    Random reports rarely repeat an in-flight seq, so this walks one through
+    both forms: in flight with the agent's age, then without (enqueued past
+    completed), then done."""
+    clock = _Clock()
+    as_messages, sid_m = _registry(clock)
+    as_columns, sid_c = _registry(clock)
+    table = group_table(_infos())
+
+    def report(seq: int, enq: int, comp: int, age: float | None) -> None:
+        gp = pb.GroupProgress(group="0", last_enqueued=enq, last_completed=comp)
+        if age is not None:
+            gp.oldest_in_flight.seq, gp.oldest_in_flight.op = comp + 1, "all_reduce"
+            gp.oldest_in_flight.age_s = age
+        ranks = [pb.RankProgress(rank=0, state=1, groups=[gp])]
+        cols, rest = encode(ranks, table)
+        for reg, req in (
+            (as_messages, pb.ProgressReport(session_id=sid_m, ranks=ranks)),
+            (as_columns, pb.ProgressReport(session_id=sid_c, ranks=rest, columns=cols)),
+        ):
+            req.job_id, req.agent_id, req.report_seq = "j", "a", seq
+            reg.report_progress(req, validate.progress_report(req))
+
+    def since(reg: JobRegistry) -> float | None:
+        return reg._jobs["j"].ranks[0].groups["0"].in_flight_since
+
+    report(1, 7, 6, 2.0)  # arrived at 100: entered at 98
+    clock.t += 1.0
+    report(2, 7, 6, 0.5)  # at 101 with a late poll: entered "at 100.5", not earlier
+    assert since(as_columns) == since(as_messages) == 98.0
+    clock.t += 1.0
+    report(3, 7, 6, 4.0)  # at 102, entered at 98 or before: 98.0 stays the earliest
+    assert since(as_columns) == since(as_messages) == 98.0
+    report(4, 7, 6, 5.0)  # at 102: entered at 97
+    assert since(as_columns) == since(as_messages) == 97.0
+    clock.t += 1.0
+    report(5, 7, 6, None)  # the same #7 open, no age given: arrival (103) is no earlier
+    assert since(as_columns) == since(as_messages) == 97.0
+    clock.t += 1.0
+    report(6, 8, 7, None)  # #8 now: a new wait, from this arrival
+    assert since(as_columns) == since(as_messages) == 104.0
+    report(7, 8, 8, None)  # nothing open
+    assert since(as_columns) is since(as_messages) is None
+    assert _records(as_columns) == _records(as_messages)
 
 
 @pytest.mark.timeout(120)
