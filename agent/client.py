@@ -14,6 +14,7 @@ import grpc
 
 from hangwatch import __version__, progress_columns
 from hangwatch.config import Config
+from hangwatch.tls import channel_credentials
 from hangwatch.wire import message_size_options, pb, rpc
 
 log = logging.getLogger("hangwatch.agent")
@@ -54,8 +55,9 @@ class Sender(TypedDict):
 
 
 def build_channel(cfg: Config, relay: bool = False) -> grpc.Channel:
-    """The channel to the coordinator, or with `relay` to the progress relay
-    (`hangwatch relay` serves plaintext: TLS ends at the coordinator)."""
+    """The channel to the coordinator, or with `relay` to the progress relay:
+    TLS to either where a CA is configured, with the agent's certificate for
+    mTLS where one is (hangwatch.tls)."""
     options: list[tuple[str, Any]] = [
         *message_size_options(cfg.auth.max_message_bytes),
         # gRPC's own reconnect backoff defaults to a 120 s ceiling; keep it short.
@@ -67,22 +69,11 @@ def build_channel(cfg: Config, relay: bool = False) -> grpc.Channel:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.enable_retries", 0),
     ]
-    if relay:
-        return grpc.insecure_channel(cfg.agent.progress_relay, options=options)
-    if cfg.auth.tls_ca:
-        with open(cfg.auth.tls_ca, "rb") as f:
-            ca = f.read()
-        cert = key = None
-        if cfg.auth.tls_cert and cfg.auth.tls_key:
-            with open(cfg.auth.tls_cert, "rb") as f:
-                cert = f.read()
-            with open(cfg.auth.tls_key, "rb") as f:
-                key = f.read()
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=ca, private_key=key, certificate_chain=cert
-        )
-        return grpc.secure_channel(cfg.agent.coordinator, creds, options=options)
-    return grpc.insecure_channel(cfg.agent.coordinator, options=options)
+    target = cfg.agent.progress_relay if relay else cfg.agent.coordinator
+    creds = channel_credentials(cfg.auth)
+    if creds is not None:
+        return grpc.secure_channel(target, creds, options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
 # After a progress stream through the relay fails, progress goes straight to

@@ -113,11 +113,12 @@ class AuthSection:
     tls_cert: str | None = field(
         default=None,
         metadata=_opt(
-            "PEM certificate: the server's own, or the agent's client cert for mTLS.",
-            [SERVER, AGENT],
+            "PEM certificate: a server's own (coordinator, relay), or the agent's client cert for mTLS.",
+            [SERVER, AGENT, RELAY],
             help_for={
                 SERVER: "PEM certificate the coordinator serves gRPC with (TLS).",
-                AGENT: "PEM client certificate the agent presents to the coordinator (mTLS).",
+                AGENT: "PEM client certificate the agent presents to its coordinator and relay.",
+                RELAY: "PEM certificate the relay serves with and presents upstream (TLS, mTLS).",
             },
         ),
     )
@@ -125,7 +126,7 @@ class AuthSection:
         default=None,
         metadata=_opt(
             "PEM private key matching --tls-cert.",
-            [SERVER, AGENT],
+            [SERVER, AGENT, RELAY],
         ),
     )
     tls_ca: str | None = field(
@@ -133,7 +134,10 @@ class AuthSection:
         metadata=_opt(
             "PEM CA bundle: agents verify the server with it; a server given one requires client certs.",
             [SERVER, AGENT, RELAY],
-            help_for={RELAY: "PEM CA bundle the relay verifies the coordinator with (TLS)."},
+            help_for={
+                RELAY: "PEM CA bundle: the relay verifies the coordinator with it (TLS), and"
+                " asks its agents for certificates it signed (mTLS)."
+            },
         ),
     )
     max_message_bytes: int = field(
@@ -587,6 +591,10 @@ class Config:
             check_hostport(self.agent.coordinator, "--coordinator")
         if command == AGENT and self.agent.progress_relay:
             check_hostport(self.agent.progress_relay, "--progress-relay")
+        if command == RELAY and self.auth.tls_ca and not self.auth.tls_cert:  # see hangwatch.tls
+            raise ValueError(
+                "--tls-ca: agents dial a relay over TLS; give it --tls-cert, --tls-key"
+            )
         if self.respond.on_hang not in ON_HANG:
             raise ValueError(
                 f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.respond.on_hang!r}"

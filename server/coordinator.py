@@ -37,23 +37,10 @@ from hangwatch.server.workers import Worker, Workers, executor_threads
 
 from hangwatch.addresses import hostport
 from hangwatch.config import Config
+from hangwatch.tls import server_credentials
 from hangwatch.wire import message_size_options, rpc, server_backlog_options
 
 log = logging.getLogger(__name__)
-
-
-def server_credentials(config: Config) -> grpc.ServerCredentials | None:
-    """TLS when a cert and key are configured; with a CA, clients must present a cert."""
-    if not (config.auth.tls_cert or config.auth.tls_key):
-        return None
-    if not (config.auth.tls_cert and config.auth.tls_key):
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
-    key = Path(config.auth.tls_key).read_bytes()
-    cert = Path(config.auth.tls_cert).read_bytes()
-    ca = Path(config.auth.tls_ca).read_bytes() if config.auth.tls_ca else None
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-    )
 
 
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
@@ -307,7 +294,7 @@ class Coordinator:
         server = grpc.aio.server(interceptors=interceptors, options=grpc_options(self.config))
         rpc.add_CoordinatorServicer_to_server(self.service, server)
         addr = hostport(self.config.serve.host, self.config.serve.grpc_port)
-        creds = server_credentials(self.config)
+        creds = server_credentials(self.config.auth)
         port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
         if not port:
             raise OSError(f"cannot bind gRPC on {addr}")

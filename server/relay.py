@@ -8,6 +8,12 @@ rack or per 64 nodes, serves the coordinator's own StreamProgress method (an
 agent needs only `--progress-relay HOST:PORT`), gathers what arrives within
 `--relay-window` and sends it as one ProgressBatch on a RelayProgress stream.
 
+It speaks TLS as the coordinator does (hangwatch.tls): with a certificate
+it serves its agents over TLS (asking for theirs where a CA is given), and it
+dials the coordinator as an agent would, presenting the same certificate
+where the coordinator asks for one. Health answers probes: serving while the
+stream to the coordinator is up.
+
 The relay answers an agent as the coordinator would: ProgressAck{known:
 false} and the end of its stream for an unknown session, INVALID_ARGUMENT for
 a refused report. Agents still register, watch commands and upload directly,
@@ -42,9 +48,11 @@ from typing import Any, Final
 import grpc
 from hangwatch.server.ingest.auth import TokenAuth
 
+from hangwatch import __version__
 from hangwatch import config as cfg
 from hangwatch.addresses import hostport
 from hangwatch.lifecycle import ShutdownSignals, configure_logging
+from hangwatch.tls import channel_credentials, server_credentials
 from hangwatch.wire import (
     MAX_RELAYED_REPORTS,
     message_size_options,
@@ -85,11 +93,24 @@ class _AgentStream:
 
 
 class RelayService(rpc.CoordinatorServicer):
-    """StreamProgress for agents; every other method is the coordinator's
-    (UNIMPLEMENTED here, as the generated servicer answers)."""
+    """StreamProgress for agents, and Health for probes; every other method is
+    the coordinator's (UNIMPLEMENTED here, as the generated servicer answers)."""
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
+
+    async def Health(
+        self, request: pb.HealthRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.HealthResponse:
+        """Serving while the relay has its stream to the coordinator (without
+        it agents are turned away), and the agents' streams it holds. Open
+        without a token, as the coordinator's Health is (auth.TokenAuth)."""
+        relay = self.relay
+        return pb.HealthResponse(
+            serving=relay.connected,
+            version=__version__,
+            agents_connected=relay.agents_connected(),
+        )
 
     async def StreamProgress(
         self,
@@ -177,6 +198,10 @@ class Relay:
         self._pending.append(req)
         assert self._wake is not None
         self._wake.set()
+
+    def agents_connected(self) -> int:
+        """Agents' streams open here (a stream's sessions count once)."""
+        return len({id(s) for s in self._streams.values()})
 
     def forget(self, session_id: str, stream: _AgentStream) -> None:
         if self._streams.get(session_id) is stream:
@@ -270,10 +295,12 @@ class Relay:
         interceptors = [TokenAuth(self._token)] if self._token else []
         server = grpc.aio.server(interceptors=interceptors, options=options)
         rpc.add_CoordinatorServicer_to_server(RelayService(self), server)
-        host = self.conf.serve.host
-        port = server.add_insecure_port(hostport(host, self.conf.serve.grpc_port))
+        addr = hostport(self.conf.serve.host, self.conf.serve.grpc_port)
+        creds = server_credentials(self.conf.auth)
+        port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
         if not port:
-            raise OSError(f"cannot bind {hostport(host, self.conf.serve.grpc_port)}")
+            raise OSError(f"cannot bind {addr}")
+        host = self.conf.serve.host
         self.address = hostport(host, port)
         self.relay_id = f"{socket.gethostname()}:{port}"
         await server.start()
@@ -291,10 +318,10 @@ class Relay:
 
     def _channel(self) -> grpc.aio.Channel:
         options = [*message_size_options(self._max_bytes), ("grpc.max_reconnect_backoff_ms", 2000)]
-        auth = self.conf.auth
-        if auth.tls_ca:
-            with open(auth.tls_ca, "rb") as f:
-                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        # As an agent dials: the coordinator verified with the CA, the relay's
+        # certificate presented where the coordinator asks for one (mTLS).
+        creds = channel_credentials(self.conf.auth)
+        if creds is not None:
             return grpc.aio.secure_channel(self.coordinator, creds, options=options)
         return grpc.aio.insecure_channel(self.coordinator, options=options)
 

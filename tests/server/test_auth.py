@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 from hangwatch.server.coordinator import Coordinator
 
 from hangwatch.wire import pb, rpc
+from tests.support.pki import make_pki, needs_openssl
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -90,25 +89,10 @@ def test_token_required_on_every_rpc_but_health(
     )
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="needs the openssl CLI to make test certificates"
-)
+@needs_openssl
 def test_mutual_tls(start_coordinator: Callable[..., Coordinator], tmp_path: Path) -> None:
-    d = tmp_path / "pki"
-    d.mkdir()
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-             "-days", "1", "-subj", "/CN=hangwatch-test-ca", cwd=d)  # fmt: skip
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)  # fmt: skip
-        (d / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
+    d = make_pki(tmp_path / "pki", ("server", "client"))
     c = start_coordinator(
         tls_cert=str(d / "server.pem"), tls_key=str(d / "server.key"), tls_ca=str(d / "ca.pem")
     )

@@ -30,6 +30,7 @@ from hangwatch.server.relay import Relay
 from hangwatch.config import Config
 from hangwatch.wire import pb, rpc
 from tests.server.conftest import progress_at, rank_infos, wait_for
+from tests.support.pki import make_pki, needs_openssl
 
 JOB = "relayed"
 
@@ -342,3 +343,98 @@ def test_hangwatch_relay_refuses_a_bad_setting_in_one_line() -> None:
     )
     assert out.returncode == 2
     assert "--relay-window must be positive" in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(60)
+@needs_openssl
+def test_a_relay_serves_and_dials_mutual_tls(
+    start_coordinator: Callable[..., Coordinator], tmp_path: Path
+) -> None:
+    """A deployment on mTLS: the coordinator asks every peer for a certificate,
+    so the relay presents its own upstream, and serves its agents TLS with the
+    same one, asking them for theirs. Agents given the CA dial the relay over
+    TLS as they dial the coordinator; the bearer token never crosses in clear."""
+    d = make_pki(tmp_path / "pki", ("coordinator", "relay", "agent"))
+    ca = str(d / "ca.pem")
+    coordinator = start_coordinator(
+        tls_cert=str(d / "coordinator.pem"), tls_key=str(d / "coordinator.key"), tls_ca=ca
+    )
+    relay = _relay(
+        coordinator.grpc_address,
+        tls_cert=str(d / "relay.pem"),
+        tls_key=str(d / "relay.key"),
+        tls_ca=ca,
+    )
+    try:
+        wait_for(lambda: relay.connected, 10, "the relay's mTLS stream to the coordinator")
+        cfg = Config.of(
+            coordinator=coordinator.grpc_address,
+            progress_relay=relay.address,
+            job_id=JOB,
+            tls_cert=str(d / "agent.pem"),
+            tls_key=str(d / "agent.key"),
+            tls_ca=ca,
+        )
+        agent = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
+        try:
+            agent.register(rank_infos([0, 1], 8))
+            for step in (1, 2):
+                agent.report_progress(step, progress_at([0, 1], step))
+                assert agent.progress_via_relay
+            wait_for(lambda: _completed(coordinator, 1) == 2, 10, "the relayed report applied")
+            assert relay.reports_sent == 2
+            # The relay answers probes over the same TLS, its agent counted.
+            with client_mod.build_channel(cfg, relay=True) as ch:
+                h = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
+            assert h.serving and h.agents_connected == 1
+        finally:
+            agent.close()
+        # Without a client certificate, or in plaintext, the relay refuses.
+        roots = grpc.ssl_channel_credentials(root_certificates=(d / "ca.pem").read_bytes())
+        with grpc.secure_channel(relay.address, roots) as ch:
+            with pytest.raises(grpc.RpcError) as ei:
+                rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=5)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        with grpc.insecure_channel(relay.address) as ch, pytest.raises(grpc.RpcError):
+            rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=5)
+    finally:
+        relay.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_relay_answers_health_while_it_has_its_coordinator(coordinator: Coordinator) -> None:
+    """Health is the relay's own: serving only with its stream to the
+    coordinator up (agents are turned away without it), open without a token."""
+    port = _free_port()
+    relay = _relay(f"127.0.0.1:{port}")  # nothing listens there
+    try:
+        with grpc.insecure_channel(relay.address) as ch:
+            h = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
+        assert not h.serving and h.version
+    finally:
+        relay.stop()
+    relay = _relay(coordinator.grpc_address, token="s3cret")
+    try:
+        wait_for(lambda: relay.connected, 10, "the relay's stream to the coordinator")
+        with grpc.insecure_channel(relay.address) as ch:
+            h = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
+        assert h.serving and h.agents_connected == 0
+    finally:
+        relay.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_relay_with_a_ca_but_no_certificate_is_refused_in_one_line() -> None:
+    """Agents given the CA dial their relay over TLS: a relay that would serve
+    them plaintext is a setting error, not a relay that turns every agent away."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "hangwatch", "relay", "--tls-ca", "/nonexistent/ca.pem"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=20,
+    )
+    assert out.returncode == 2
+    assert "dial a relay over TLS; give it --tls-cert, --tls-key" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
