@@ -53,6 +53,10 @@ INCIDENT_KEY_CACHE = 64
 
 # hangwatch_progress_ranks_total's two series.
 _COLUMNS: Final = {"form": "columns"}
+# Relays named in the metrics' `relay` label: a few per rack, so a few hundred
+# at the largest jobs; past this many, ids are counted as "other" (a relay
+# that changed its id on every reconnect must not grow the scrape for ever).
+MAX_RELAY_LABELS: Final = 1024
 _MESSAGES: Final = {"form": "messages"}
 
 
@@ -86,6 +90,8 @@ class CoordinatorService(rpc.CoordinatorServicer):
         # The HTTP side is bound before the coordinator is built; Health reports it.
         self.dashboard_url = dashboard_url
         self._streams: set[asyncio.Event] = set()
+        # RelayProgress streams open per relay label (on the gRPC loop only).
+        self._relay_streams: dict[str, int] = {}
 
     def shutdown_streams(self) -> None:
         """Ask every open command stream to end (called on the server's loop)."""
@@ -212,6 +218,17 @@ class CoordinatorService(rpc.CoordinatorServicer):
                 yield pb.ProgressAck(known=False, report_seq=request.report_seq)
                 return
 
+    def _relay_label(self, relay_id: str) -> str:
+        """The metrics' name for a relay: its id where printable and short."""
+        label = relay_id if relay_id.isprintable() and 0 < len(relay_id) <= 128 else "invalid"
+        if label not in self._relay_streams and len(self._relay_streams) >= MAX_RELAY_LABELS:
+            return "other"
+        return label
+
+    def _relay_open(self, label: str, delta: int) -> None:
+        n = self._relay_streams[label] = self._relay_streams.get(label, 0) + delta
+        self.metrics.set("hangwatch_relay_streams", n, {"relay": label})
+
     async def RelayProgress(
         self,
         request_iterator: AsyncIterator[pb.ProgressBatch],
@@ -219,37 +236,59 @@ class CoordinatorService(rpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.RelayAck]:
         """StreamProgress's work for every report of each batch, in order. A
         report that is refused or whose session is unknown is answered for the
-        relay to pass on to its agent; the batch stream goes on."""
-        async for batch in request_iterator:
-            if len(batch.reports) > MAX_RELAYED_REPORTS:
-                await self._fail(
-                    context,
-                    "RelayProgress",
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{len(batch.reports)} reports in one batch (at most {MAX_RELAYED_REPORTS})",
+        relay to pass on to its agent; the batch stream goes on. Counted per
+        relay (named by its first batch) for the metrics: reports, and streams
+        open, which falls to 0 when a relay is gone."""
+        label: str | None = None
+        try:
+            async for batch in request_iterator:
+                if label is None:
+                    label = self._relay_label(batch.relay_id)
+                    self._relay_open(label, +1)
+                acks = self._relay_batch(batch)
+                if acks is None:
+                    await self._fail(
+                        context,
+                        "RelayProgress",
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{len(batch.reports)} reports in one batch (at most"
+                        f" {MAX_RELAYED_REPORTS})",
+                    )
+                self.metrics.inc(
+                    "hangwatch_relay_reports_total", len(batch.reports), {"relay": label}
                 )
-            acks: list[pb.RelayedAck] = []
-            for report in batch.reports:
-                try:
-                    known = self._apply_progress(report)
-                except Invalid as e:
-                    log.info("RelayProgress from %r: a report refused: %s", batch.relay_id, e)
-                    acks.append(
-                        pb.RelayedAck(
-                            session_id=report.session_id,
-                            report_seq=report.report_seq,
-                            known=True,
-                            invalid=str(e) or "invalid report",
-                        )
+                self._ok("RelayProgress")
+                if acks:
+                    yield pb.RelayAck(acks=acks)
+        finally:
+            if label is not None:
+                self._relay_open(label, -1)
+
+    def _relay_batch(self, batch: pb.ProgressBatch) -> list[pb.RelayedAck] | None:
+        """Apply a batch's reports; the answers for the relay to pass on, or
+        None for a batch over MAX_RELAYED_REPORTS (refused whole)."""
+        if len(batch.reports) > MAX_RELAYED_REPORTS:
+            return None
+        acks: list[pb.RelayedAck] = []
+        for report in batch.reports:
+            try:
+                known = self._apply_progress(report)
+            except Invalid as e:
+                log.info("RelayProgress from %r: a report refused: %s", batch.relay_id, e)
+                acks.append(
+                    pb.RelayedAck(
+                        session_id=report.session_id,
+                        report_seq=report.report_seq,
+                        known=True,
+                        invalid=str(e) or "invalid report",
                     )
-                    continue
-                if not known:
-                    acks.append(
-                        pb.RelayedAck(session_id=report.session_id, report_seq=report.report_seq)
-                    )
-            self._ok("RelayProgress")
-            if acks:
-                yield pb.RelayAck(acks=acks)
+                )
+                continue
+            if not known:
+                acks.append(
+                    pb.RelayedAck(session_id=report.session_id, report_seq=report.report_seq)
+                )
+        return acks
 
     async def ReportEntries(
         self, request: pb.EntryBatch, context: grpc.aio.ServicerContext[Any, Any]

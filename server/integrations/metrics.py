@@ -112,6 +112,20 @@ FAMILIES: Final = (
         help="gRPC calls handled, by method and status code.",
         labels=("method", "code"),
     ),
+    Family(
+        name="hangwatch_relay_reports_total",
+        kind="counter",
+        help="Progress reports that came through each relay (ProgressBatch.relay_id, its"
+        " host:port).",
+        labels=("relay",),
+    ),
+    Family(
+        name="hangwatch_relay_streams",
+        kind="gauge",
+        help="RelayProgress streams open from each relay: 0 once a relay that was connected"
+        " is gone (its agents then report straight to the coordinator).",
+        labels=("relay",),
+    ),
     Family(name="hangwatch_upload_bytes_total", kind="counter", help="Bundle bytes stored."),
     Family(
         name="hangwatch_upload_files_total",

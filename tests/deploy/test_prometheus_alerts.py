@@ -67,6 +67,46 @@ def test_promtool_checks_every_rules_file() -> None:
         assert f"Checking {f}\n  SUCCESS:" in out.stdout, out.stdout
 
 
+@pytest.mark.timeout(60)
+def test_relay_down_fires_for_the_gone_relay_only(tmp_path: Path) -> None:
+    """`promtool test rules` on the shipped rules: of two relays that carried
+    reports, the one whose stream closed fires after its 2 minutes, named by
+    its label; the one still streaming does not."""
+    doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r["alert"] == "HangwatchRelayDown")
+    gone = "rack1:7452"
+    annotations = {
+        k: v.replace("{{ $labels.relay }}", gone) for k, v in rule["annotations"].items()
+    }
+    fired = {"exp_labels": {"severity": "warning", "relay": gone}, "exp_annotations": annotations}
+    series = [
+        {"series": f'hangwatch_relay_streams{{relay="{gone}"}}', "values": "1 1 0 0 0 0 0 0 0 0"},
+        {"series": 'hangwatch_relay_streams{relay="rack2:7452"}', "values": "1 1 1 1 1 1 1 1 1 1"},
+    ]
+    checks = [
+        {"eval_time": "1m30s", "alertname": "HangwatchRelayDown", "exp_alerts": []},
+        {"eval_time": "4m", "alertname": "HangwatchRelayDown", "exp_alerts": [fired]},
+    ]
+    tests = tmp_path / "relay_down_test.yml"
+    tests.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(RULES)],
+                "evaluation_interval": "30s",
+                "tests": [{"interval": "30s", "input_series": series, "alert_rule_test": checks}],
+            }
+        )
+    )
+    out = subprocess.run(
+        [require_tool("promtool", "prometheus"), "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def documented_scrape_config() -> dict[str, Any]:
     """The scrape config in docs/operations.md, "Monitoring"."""
     section = OPERATIONS.read_text(encoding="utf-8").split("\n## Monitoring\n", 1)[1]

@@ -438,3 +438,27 @@ def test_a_relay_with_a_ca_but_no_certificate_is_refused_in_one_line() -> None:
     assert out.returncode == 2
     assert "dial a relay over TLS; give it --tls-cert, --tls-key" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_coordinator_counts_each_relays_reports_and_its_open_streams(
+    coordinator: Coordinator, relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    """What the HangwatchRelayDown alert reads: per relay, the reports that came
+    through it and its streams open, 0 once it is gone."""
+    c = agents(0)
+    for step in (1, 2, 3):
+        c.report_progress(step, progress_at([0, 1], step))
+    labels = {"relay": relay.relay_id}
+    wait_for(
+        lambda: coordinator.metrics.value("hangwatch_relay_reports_total", labels) == 3,
+        10,
+        "three reports counted for the relay",
+    )
+    assert coordinator.metrics.value("hangwatch_relay_streams", labels) == 1
+    relay.stop()
+    wait_for(
+        lambda: coordinator.metrics.value("hangwatch_relay_streams", labels) == 0,
+        10,
+        "the relay's stream counted closed",
+    )
