@@ -1,117 +1,97 @@
-"""One rank's numbers for one process group, stored as a report gives them.
+"""One rank's numbers for each process group it reported, stored as a report gives them.
 
 The registry's innermost step, run for every (rank, group) cell of every
 progress report: 32 cells a report for an 8-rank node in 4 groups, 131,072 a
-second for a 4,096-rank job at 1 Hz. Only the registry calls these, under its lock.
+second for a 4,096-rank job at 1 Hz. One loop stores them for both wire forms
+(`store_cells`): the columns as they were unpacked, and the per-rank messages
+of older agents turned into the same columns first (`message_cells`). Only
+the registry calls these, under its lock.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hangwatch.server.live.records import GroupRecord, JobRecord, RankGroupRecord, RankRecord
 
 from hangwatch import progress_columns
 from hangwatch.progress_columns import COMPLETION_UNKNOWN, HAS_COLLECTIVES, HAS_IN_FLIGHT
-from hangwatch.wire import COLLECTIVES_UNKNOWN
+from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
 
 
-def apply_cell(
-    job: JobRecord,
-    r: RankRecord,
-    group: str,
-    now: float,
-    enqueued: int,
-    completed: int,
-    completion_unknown: bool,
-    collectives: tuple[int, int] | None,
-    in_flight: tuple[int, str, float] | None,
-) -> bool:
-    """Store one rank's numbers for one group by name (`store_cell`); False,
-    storing nothing, for a group it never registered: membership unknown."""
-    rg = r.groups.get(group)
-    g = job.groups.get(group)
-    if rg is None or g is None:
-        return False
-    return store_cell(
-        job, rg, g, now, enqueued, completed, completion_unknown, collectives, in_flight
+def message_cells(
+    job: JobRecord, rows: Sequence[RankRecord], ranks: Sequence[pb.RankProgress]
+) -> tuple[list[RankGroupRecord | None], list[GroupRecord | None], progress_columns.Columns]:
+    """The per-rank form's cells (ProgressReport.ranks, each rank with its
+    record in `rows`) as `store_cells` takes them: each cell's two records
+    (None for a group the rank never registered: membership unknown, not
+    applied) and its numbers as columns. Only the cell columns are filled."""
+    rank_groups: list[RankGroupRecord | None] = []
+    groups: list[GroupRecord | None] = []
+    numbers: list[tuple[int, int, int, int, int, int, float, int]] = []
+    ops: dict[str, int] = {}
+    for r, rp in zip(rows, ranks, strict=True):
+        for gp in rp.groups:
+            name = gp.group  # each read of a string field makes a new str
+            rg, g = r.groups.get(name), job.groups.get(name)
+            known = rg is not None and g is not None
+            rank_groups.append(rg if known else None)
+            groups.append(g if known else None)
+            coll = gp.HasField("collectives_enqueued")
+            # Reading the submessage builds its wrapper: only where it is set.
+            f = gp.oldest_in_flight if gp.HasField("oldest_in_flight") else None
+            numbers.append(
+                (
+                    (COMPLETION_UNKNOWN if gp.completion_unknown else 0)
+                    | (HAS_COLLECTIVES if coll else 0)
+                    | (HAS_IN_FLIGHT if f is not None else 0),
+                    gp.last_enqueued,
+                    gp.last_completed,
+                    gp.collectives_enqueued if coll else 0,
+                    gp.collectives_completed if coll else 0,
+                    0 if f is None else f.seq,
+                    0.0 if f is None else f.age_s,
+                    0 if f is None else ops.setdefault(f.op, len(ops)),
+                )
+            )
+    no: tuple[int, ...] = ()
+    flags, enq, comp, cenq, ccomp, fseq, fage, fop = tuple(zip(*numbers, strict=True)) or (no,) * 8
+    cells = progress_columns.Columns(
+        *(no,) * 8,  # the rank columns: the registry reads the messages' own
+        no,
+        no,
+        flags,
+        enq,
+        comp,
+        no,
+        cenq,
+        ccomp,
+        fseq,
+        fage,
+        fop,
+        tuple(ops),
     )
+    return rank_groups, groups, cells
 
 
-def store_cell(
+def store_cells(
     job: JobRecord,
-    rg: RankGroupRecord,
-    g: GroupRecord,
-    now: float,
-    enqueued: int,
-    completed: int,
-    completion_unknown: bool,
-    collectives: tuple[int, int] | None,
-    in_flight: tuple[int, str, float] | None,
-) -> bool:
-    """Store one rank's numbers for one group (GroupProgress's fields:
-    `collectives` the collectives_* pair where present, `in_flight`
-    oldest_in_flight's seq, op and age); True when they moved the job."""
-    # A rank's first numbers (a new process, or a coordinator that never saw
-    # it) are where it starts, not progress.
-    baseline = not rg.reported
-    # Where completion is not recorded, entering collectives is the only
-    # progress there is to see.
-    moved = enqueued != rg.last_enqueued if completion_unknown else completed != rg.last_completed
-    rg.last_enqueued = enqueued
-    rg.last_completed = completed
-    # The two counts the stall scan compares (RankGroupRecord.counts), known
-    # here without reading them back.
-    enq, comp = enqueued, completed
-    if collectives is None:
-        rg.coll_enqueued, rg.coll_completed = enqueued, completed  # no p2p in the group
-    elif COLLECTIVES_UNKNOWN in collectives:
-        rg.coll_enqueued = rg.coll_completed = None
-    else:
-        rg.coll_enqueued, rg.coll_completed = enq, comp = collectives
-    rg.counts_p2p = collectives is not None
-    rg.completion_unknown = completion_unknown
-    rg.reported_at = now
-    rg.reported = True
-    # A p2p op in flight is not a collective in flight; where the numbering
-    # is unknown, the agent's in-flight seq is in pg_status's, like these.
-    was, since = rg.in_flight_seq, rg.in_flight_since
-    if in_flight is not None and (completion_unknown or enq > comp):
-        # Where completion is unknown the agent names the op of the newest
-        # collective entered.
-        rg.in_flight_seq, rg.in_flight_op, rg.in_flight_age_s = in_flight
-    elif enq > comp:
-        rg.in_flight_seq = comp + 1
-        rg.in_flight_op = ""
-        rg.in_flight_age_s = None
-    else:
-        rg.in_flight_seq = None
-        rg.in_flight_op = ""
-        rg.in_flight_age_s = None
-    if rg.in_flight_seq is None:
-        rg.in_flight_since = None
-    else:
-        entered = now - (rg.in_flight_age_s or 0.0)
-        same = was == rg.in_flight_seq and since is not None
-        rg.in_flight_since = min(entered, since) if same and since is not None else entered
-    if moved and not baseline:
-        g.last_progress = now
-        job.last_progress = now
-        return True
-    return False
-
-
-def store_columns(
-    job: JobRecord,
-    rank_groups: tuple[RankGroupRecord | None, ...],
-    groups: tuple[GroupRecord | None, ...],
+    rank_groups: Sequence[RankGroupRecord | None],
+    groups: Sequence[GroupRecord | None],
     c: progress_columns.Columns,
     now: float,
 ) -> bool:
-    """`store_cell` for every cell of a columnar report in one loop: the same
-    steps, the cell's numbers read straight from the columns and nothing built
-    per cell (a call, two tuples and nine arguments a cell were half of the
-    registry's work per report, benchmarks/ingest_path.py). Cells whose
-    records are None (a group the rank never registered) are skipped. True
-    when they moved the job."""
+    """Store each cell's numbers (the cell columns of `c`, GroupProgress's
+    fields) in its rank's record of the group; True when they moved the job.
+    Cells whose records are None are skipped. One loop, nothing built per
+    cell: a call per cell with its numbers as arguments was half of the
+    registry's work per report (benchmarks/ingest_path.py).
+
+    A rank's first numbers (a new process, or a coordinator that never saw
+    it) are where it starts, not progress. Where completion is not recorded,
+    entering collectives is the only progress there is to see. A collective
+    is in flight from the earliest moment any report implied (its arrival
+    less the agent's age) for as long as the same one stays open."""
     moved_job = False
     ops = c.ops
     for rg, g, flags, enq, comp, cenq, ccomp, fseq, fage, fop in zip(

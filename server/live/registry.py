@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from hangwatch.server.live.cells import apply_cell, store_columns
+from hangwatch.server.live.cells import message_cells, store_cells
 from hangwatch.server.live.commands import Command
 from hangwatch.server.live.detector import JobQuiet, quiet_bound
 from hangwatch.server.live.records import (
@@ -305,24 +305,8 @@ class JobRegistry:
                     rp.compiler_running,
                     rp.io_bytes,
                 )
-                for gp in rp.groups:
-                    coll = (
-                        (gp.collectives_enqueued, gp.collectives_completed)
-                        if gp.HasField("collectives_enqueued")
-                        else None
-                    )
-                    f = gp.oldest_in_flight if gp.HasField("oldest_in_flight") else None
-                    moved |= apply_cell(
-                        job,
-                        r,
-                        gp.group,
-                        now,
-                        gp.last_enqueued,
-                        gp.last_completed,
-                        gp.completion_unknown,
-                        coll,
-                        None if f is None else (f.seq, f.op, f.age_s),
-                    )
+            if req.ranks:
+                moved |= store_cells(job, *message_cells(job, rows, req.ranks), now)
             if columns is not None and plan is not None:
                 moved |= self._apply_columns(job, plan, columns, now)
             if moved:
@@ -381,7 +365,7 @@ class JobRegistry:
             r.io.note(now, io, window, zero_known=True)
             r.in_compile = flags & progress_columns.IN_COMPILE != 0
             r.compiler_running = flags & progress_columns.COMPILER_RUNNING != 0
-        return store_columns(job, plan.rank_groups, plan.groups, c, now)
+        return store_cells(job, plan.rank_groups, plan.groups, c, now)
 
     def _cell_plan(
         self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns
