@@ -53,11 +53,11 @@ INCIDENT_KEY_CACHE = 64
 
 # hangwatch_progress_ranks_total's two series.
 _COLUMNS: Final = {"form": "columns"}
+_MESSAGES: Final = {"form": "messages"}
 # Relays named in the metrics' `relay` label: a few per rack, so a few hundred
 # at the largest jobs; past this many, ids are counted as "other" (a relay
 # that changed its id on every reconnect must not grow the scrape for ever).
 MAX_RELAY_LABELS: Final = 1024
-_MESSAGES: Final = {"form": "messages"}
 
 
 class CoordinatorService(rpc.CoordinatorServicer):
