@@ -35,8 +35,7 @@ def server_credentials(auth: AuthSection) -> grpc.ServerCredentials | None:
         return None
     if not (auth.tls_cert and auth.tls_key):
         raise ValueError("TLS needs both --tls-cert and --tls-key")
-    key, cert = _read(auth.tls_key), _read(auth.tls_cert)
-    assert key is not None and cert is not None
+    key, cert = Path(auth.tls_key).read_bytes(), Path(auth.tls_cert).read_bytes()
     ca = _read(auth.tls_ca)
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=ca, require_client_auth=ca is not None

@@ -344,9 +344,6 @@ class JobRegistry:
     ) -> bool:
         """The columnar form: the same steps as `ranks`, over unpacked tuples
         (`plan` the records they resolved to)."""
-        # _apply_rank's steps inline: a call with nine arguments a rank was a
-        # fifth of the columnar path (benchmarks/ingest_path.py).
-        window = self.stall_timeout
         for r, state, flags, age, cpu, wait, io in zip(
             plan.rows,
             c.state,
@@ -357,14 +354,17 @@ class JobRegistry:
             c.io_bytes,
             strict=True,
         ):
-            r.process_state = process_state_name(state)
-            r.finished = flags & progress_columns.FINISHED != 0
-            r.fr_age_s = age
-            r.last_report = now
-            r.cpu.note(now, cpu + wait if cpu else 0, window)
-            r.io.note(now, io, window, zero_known=True)
-            r.in_compile = flags & progress_columns.IN_COMPILE != 0
-            r.compiler_running = flags & progress_columns.COMPILER_RUNNING != 0
+            self._apply_rank(
+                r,
+                now,
+                state,
+                bool(flags & progress_columns.FINISHED),
+                age,
+                cpu + wait if cpu else 0,
+                bool(flags & progress_columns.IN_COMPILE),
+                bool(flags & progress_columns.COMPILER_RUNNING),
+                io,
+            )
         return store_cells(job, plan.rank_groups, plan.groups, c, now)
 
     def _cell_plan(

@@ -332,17 +332,31 @@ def test_hangwatch_relay_runs_with_a_token_and_stops_on_sigterm(
 
 
 @pytest.mark.timeout(30)
-def test_hangwatch_relay_refuses_a_bad_setting_in_one_line() -> None:
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--relay-window", "0"], "--relay-window must be positive"),
+        # Agents given the CA dial their relay over TLS: a relay that would serve
+        # them plaintext is a setting error, not a relay that turns every agent away.
+        (
+            ["--tls-ca", "/nonexistent/ca.pem"],
+            "dial a relay over TLS; give it --tls-cert, --tls-key",
+        ),
+    ],
+    ids=["relay-window", "ca-without-certificate"],
+)
+def test_hangwatch_relay_refuses_a_bad_setting_in_one_line(args: list[str], why: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     out = subprocess.run(
-        [sys.executable, "-m", "hangwatch", "relay", "--relay-window", "0"],
+        [sys.executable, "-m", "hangwatch", "relay", *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=20,
     )
     assert out.returncode == 2
-    assert "--relay-window must be positive" in out.stderr, out.stderr
+    assert why in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.timeout(60)
@@ -421,23 +435,6 @@ def test_a_relay_answers_health_while_it_has_its_coordinator(coordinator: Coordi
         assert h.serving and h.agents_connected == 0
     finally:
         relay.stop()
-
-
-@pytest.mark.timeout(30)
-def test_a_relay_with_a_ca_but_no_certificate_is_refused_in_one_line() -> None:
-    """Agents given the CA dial their relay over TLS: a relay that would serve
-    them plaintext is a setting error, not a relay that turns every agent away."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
-    out = subprocess.run(
-        [sys.executable, "-m", "hangwatch", "relay", "--tls-ca", "/nonexistent/ca.pem"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=20,
-    )
-    assert out.returncode == 2
-    assert "dial a relay over TLS; give it --tls-cert, --tls-key" in out.stderr, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 @pytest.mark.timeout(60)
