@@ -119,7 +119,7 @@ class RelayProcesses:
         self.procs: list[subprocess.Popen[str]] = []
         self.addresses: list[str] = []
         self.logs = [log_dir / f"relay-{i}.log" for i in range(n)]
-        cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0"]
+        cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0", "--http-port", "0"]
         cmd += ["--coordinator", target, "--relay-window", str(window_s)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
         for log in self.logs:

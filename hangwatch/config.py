@@ -189,7 +189,8 @@ class ServeSection:
         default=7450,
         metadata=_opt(
             "Dashboard/API HTTP port; 0 picks a free port and prints it.",
-            [SERVER],
+            [SERVER, RELAY],
+            help_for={RELAY: "The relay's port for /metrics, /healthz, /readyz; 0: a free one."},
         ),
     )
     data_dir: str = field(

@@ -27,8 +27,12 @@ it ends them (RESOURCE_EXHAUSTED). An agent whose relay stream fails sends
 its next report, a full one, straight to the coordinator
 (agent.client.RELAY_RETRY_S).
 
+Its HTTP port (`--http-port`, server.relay_http) serves /metrics, counting
+every report it took, forwarded or turned away and why, and /healthz and
+/readyz for probes.
+
 On start it prints one machine-readable line,
-    hangwatch relay: grpc=HOST:PORT coordinator=HOST:PORT
+    hangwatch relay: grpc=HOST:PORT http=HOST:PORT coordinator=HOST:PORT
 SIGINT/SIGTERM stop it within `SHUTDOWN_BOUND_S`; a second signal exits at once.
 """
 
@@ -41,12 +45,14 @@ import logging
 import socket
 import sys
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
 from hangwatch.server.ingest.auth import TokenAuth
+from hangwatch.server.relay_http import RelayHttp
 
 from hangwatch import __version__
 from hangwatch import config as cfg
@@ -72,8 +78,9 @@ MAX_PENDING: Final = 8 * MAX_RELAYED_REPORTS
 # The wait before reconnecting to the coordinator, doubling to the cap.
 RECONNECT_S: Final = (0.2, 5.0)
 SHUTDOWN_BOUND_S: Final = 5.0
-# The relay's own default port: one beside a coordinator (7451) must not clash.
+# The relay's own default ports: one beside a coordinator (7451, 7450) must not clash.
 RELAY_PORT: Final = 7452
+RELAY_HTTP_PORT: Final = 7453
 
 
 @dataclass
@@ -86,10 +93,35 @@ class _AgentStream:
 
     def end(
         self, *, ack: pb.ProgressAck | None = None, abort: tuple[grpc.StatusCode, str] | None = None
-    ) -> None:
-        if not self.done.is_set():
-            self.ack, self.abort = ack, abort
-            self.done.set()
+    ) -> bool:
+        """End it this way unless it has ended already; whether it ended now."""
+        if self.done.is_set():
+            return False
+        self.ack, self.abort = ack, abort
+        self.done.set()
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayStats:
+    """The relay's counts at one moment, read on its loop (`Relay.stats`): what
+    /metrics exposes (server.relay_http)."""
+
+    connected: bool
+    agent_streams: int
+    pending_reports: int
+    reports_received: int
+    reports_forwarded: int
+    batches_forwarded: int
+    upstream_failures: int
+    # Reports taken but never sent on, by why: "backlog" (refused, the
+    # coordinator reading too slowly), "upstream_lost" (held when the stream
+    # to the coordinator broke), "stopping".
+    not_forwarded: dict[str, int]
+    # Agents' streams the relay ended, by why: those three, "no_coordinator"
+    # (turned away at the start), "unknown_session" and "invalid" (the
+    # coordinator's answers to a report).
+    streams_ended: dict[str, int]
 
 
 class RelayService(rpc.CoordinatorServicer):
@@ -119,6 +151,7 @@ class RelayService(rpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.ProgressAck]:
         relay = self.relay
         if not relay.connected:
+            relay.streams_ended["no_coordinator"] += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay has no coordinator")
         stream = _AgentStream(done=asyncio.Event())
         sessions: set[str] = set()
@@ -156,9 +189,16 @@ class Relay:
         self.coordinator = conf.agent.coordinator
         self.relay_id = ""
         self.address = ""
+        self.http_address = ""
+        self._http: RelayHttp | None = None
         self.connected = False
+        # Counts for /metrics (`stats`); only the loop thread changes them.
         self.batches_sent = 0
         self.reports_sent = 0
+        self.reports_received = 0
+        self.upstream_failures = 0
+        self.not_forwarded: Counter[str] = Counter()
+        self.streams_ended: Counter[str] = Counter()
         token = conf.auth.resolved_token()
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
@@ -187,13 +227,16 @@ class Relay:
     def take(self, req: pb.ProgressReport, stream: _AgentStream) -> None:
         """Queue an agent's report for the next batch."""
         self._streams[req.session_id] = stream
+        self.reports_received += 1
         if len(self._pending) >= MAX_PENDING:
-            stream.end(
+            self.not_forwarded["backlog"] += 1
+            if stream.end(
                 abort=(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the relay holds {MAX_PENDING} reports the coordinator has not read",
                 )
-            )
+            ):
+                self.streams_ended["backlog"] += 1
             return
         self._pending.append(req)
         assert self._wake is not None
@@ -213,15 +256,48 @@ class Relay:
         if stream is None:
             return  # that agent's stream is already gone; its next one is full
         if ack.invalid:
-            stream.end(abort=(grpc.StatusCode.INVALID_ARGUMENT, ack.invalid))
-        elif not ack.known:
-            stream.end(ack=pb.ProgressAck(known=False, report_seq=ack.report_seq))
+            if stream.end(abort=(grpc.StatusCode.INVALID_ARGUMENT, ack.invalid)):
+                self.streams_ended["invalid"] += 1
+        elif not ack.known and stream.end(
+            ack=pb.ProgressAck(known=False, report_seq=ack.report_seq)
+        ):
+            self.streams_ended["unknown_session"] += 1
 
-    def _end_all(self, code: grpc.StatusCode, why: str) -> None:
-        for stream in list(self._streams.values()):
-            stream.end(abort=(code, why))
+    def _end_all(self, code: grpc.StatusCode, why: str, reason: str) -> None:
+        """End every agent's stream and drop what they sent that is not yet
+        forwarded (they send in full on their next stream), counted by `reason`."""
+        # A stream carries each of its sessions: end (and count) it once.
+        for stream in {id(s): s for s in self._streams.values()}.values():
+            if stream.end(abort=(code, why)):
+                self.streams_ended[reason] += 1
         self._streams.clear()
+        if self._pending:
+            self.not_forwarded[reason] += len(self._pending)
         self._pending.clear()
+
+    async def _stats(self) -> RelayStats:
+        return RelayStats(
+            connected=self.connected,
+            agent_streams=self.agents_connected(),
+            pending_reports=len(self._pending),
+            reports_received=self.reports_received,
+            reports_forwarded=self.reports_sent,
+            batches_forwarded=self.batches_sent,
+            upstream_failures=self.upstream_failures,
+            not_forwarded=dict(self.not_forwarded),
+            streams_ended=dict(self.streams_ended),
+        )
+
+    def stats(self, timeout: float = 2.0) -> RelayStats:
+        """The counts as the loop holds them, from any thread; RuntimeError
+        when the loop does not answer (stopped, or stuck)."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not self.alive:
+            raise RuntimeError("the relay's loop is not running")
+        try:
+            return asyncio.run_coroutine_threadsafe(self._stats(), loop).result(timeout)
+        except (TimeoutError, RuntimeError) as e:  # RuntimeError: the loop closed meanwhile
+            raise RuntimeError(f"the relay's loop did not answer: {e or 'timed out'}") from None
 
     # ---- the coordinator's side (on the loop) --------------------------------
 
@@ -281,7 +357,8 @@ class Relay:
             if self.connected:
                 log.warning("%s; agents report to the coordinator directly", why)
             self.connected = False
-            self._end_all(grpc.StatusCode.UNAVAILABLE, why)
+            self.upstream_failures += 1
+            self._end_all(grpc.StatusCode.UNAVAILABLE, why, "upstream_lost")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), delay)
             delay = min(RECONNECT_S[1], delay * 2)
@@ -306,15 +383,27 @@ class Relay:
         await server.start()
         channel = self._channel()
         forward = asyncio.create_task(self._forward(channel))
+        forward.add_done_callback(self._forward_ended)
         self._started.set()
         try:
             await self._stopping.wait()
         finally:
-            self._end_all(grpc.StatusCode.UNAVAILABLE, "the relay is stopping")
+            self._end_all(grpc.StatusCode.UNAVAILABLE, "the relay is stopping", "stopping")
             await server.stop(1.0)
             forward.cancel()
             await asyncio.gather(forward, return_exceptions=True)
             await channel.close()
+
+    def _forward_ended(self, task: asyncio.Task[None]) -> None:
+        """`_forward` runs until the relay stops; ended otherwise (a bug), the
+        relay would turn every agent away while looking alive: stop it, so that
+        `hangwatch relay` exits non-zero and its supervisor restarts it."""
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            return
+        err = None if task.cancelled() else task.exception()
+        log.error("the relay's stream to the coordinator stopped for good: %r; stopping", err)
+        self._stopping.set()
 
     def _channel(self) -> grpc.aio.Channel:
         options = [*message_size_options(self._max_bytes), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -342,6 +431,14 @@ class Relay:
             raise RuntimeError("the relay did not start")
         if self._start_error is not None:
             raise RuntimeError(f"cannot start the relay: {self._start_error}")
+        serve = self.conf.serve
+        self._http = RelayHttp(self.stats, host=serve.host, port=serve.http_port, token=self._token)
+        try:
+            self.http_address = self._http.start()
+        except OSError as e:
+            self._http = None
+            self.stop()
+            raise RuntimeError(f"cannot start the relay's HTTP port: {e}") from None
         return self.address
 
     @property
@@ -349,6 +446,8 @@ class Relay:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self, bound_s: float = SHUTDOWN_BOUND_S) -> None:
+        if self._http is not None:
+            self._http.stop()
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop already ended
@@ -371,15 +470,16 @@ def add_parser(subparsers: Any) -> None:
             " more than a few thousand ranks (docs/scaling.md)."
         ),
         func=run,
-        defaults={"grpc_port": RELAY_PORT},
+        defaults={"grpc_port": RELAY_PORT, "http_port": RELAY_HTTP_PORT},
     )
 
 
 def run(ns: argparse.Namespace) -> int:
     try:
         own: dict[str, Any] = {}
-        if not cfg.explicitly_set(ns, "grpc_port"):
-            own["grpc_port"] = RELAY_PORT
+        for name, port in (("grpc_port", RELAY_PORT), ("http_port", RELAY_HTTP_PORT)):
+            if not cfg.explicitly_set(ns, name):
+                own[name] = port
         conf = cfg.for_command(cfg.RELAY, ns, None, **own)
     except ValueError as e:
         print(f"hangwatch relay: bad setting: {e}", file=sys.stderr, flush=True)
@@ -392,7 +492,11 @@ def run(ns: argparse.Namespace) -> int:
         except RuntimeError as e:
             print(f"hangwatch relay: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
-        print(f"hangwatch relay: grpc={address} coordinator={relay.coordinator}", flush=True)
+        print(
+            f"hangwatch relay: grpc={address} http={relay.http_address}"
+            f" coordinator={relay.coordinator}",
+            flush=True,
+        )
         try:
             while not stop.wait(1.0):
                 if not relay.alive:

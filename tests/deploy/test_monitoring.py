@@ -2,8 +2,9 @@
 
 A real `ServerRuntime` (gRPC, HTTP, SQLite) is started on port 0, agents
 register over real gRPC and a stall opens an incident, so the live families
-have samples with their labels. `/metrics` is fetched over HTTP and parsed
-with prometheus_client's own parser. Every metric an alert rule or a
+have samples with their labels; a real relay (`hangwatch relay`) forwards to
+it. Both `/metrics` are fetched over HTTP and parsed with prometheus_client's
+own parser. Every metric an alert rule or a
 dashboard query names must be there, and every label it matches, groups or
 joins on must be one that metric carries.
 """
@@ -22,11 +23,13 @@ import httpx
 import pytest
 import yaml
 from hangwatch.server.integrations.metrics import FAMILIES
+from hangwatch.server.relay import Relay
 from hangwatch.server.runtime import ServerRuntime
 from prometheus_client.parser import text_string_to_metric_families
 
+from hangwatch.config import Config
 from hangwatch.wire import rpc
-from tests.server.conftest import make_config, two_nodes
+from tests.server.conftest import make_config, two_nodes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "hangwatch-rules.yml"
@@ -40,7 +43,8 @@ GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """/metrics of a real server with a live job whose stall opened an incident."""
+    """/metrics of a real server with a live job whose stall opened an incident,
+    and of a relay connected to it."""
     conf = make_config(tmp_path_factory.mktemp("mon"), stall_timeout=0.3, dump_deadline=30.0)
     rt = ServerRuntime(conf, threading.Event())
     info = rt.start()
@@ -53,6 +57,13 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
             text = httpx.get(info.http + "/metrics", timeout=10).text
             a.close()
             b.close()
+        relay = Relay(Config.of(coordinator=info.grpc, grpc_port=0, http_port=0))
+        relay.start()
+        try:
+            wait_for(lambda: relay.connected, 10, "the relay's stream to the coordinator")
+            text += httpx.get(f"http://{relay.http_address}/metrics", timeout=10).text
+        finally:
+            relay.stop()
     finally:
         rt.shutdown()
     return text

@@ -107,6 +107,56 @@ def test_relay_down_fires_for_the_gone_relay_only(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.timeout(60)
+def test_relay_backlog_fires_for_reports_turned_away_only(tmp_path: Path) -> None:
+    """`promtool test rules` on the shipped rules: a relay that turned reports
+    away for backlog fires, and clears 5 minutes after its count stops
+    growing; reports lost when a relay's stream broke (its agents resend in
+    full) and a relay at 0 do not."""
+    doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    rule = next(
+        r for g in doc["groups"] for r in g["rules"] if r["alert"] == "HangwatchRelayBacklog"
+    )
+    name = "hangwatch_relay_reports_not_forwarded_total"
+    behind = {"instance": "rack1:7453", "job": "hangwatch-relay", "reason": "backlog"}
+    series = [
+        # 30 s apart: 0 for 2 minutes, then 4 reports turned away, then none more.
+        {"series": f'{name}{{instance="rack1:7453",job="hangwatch-relay",reason="backlog"}}',
+         "values": "0 0 0 0 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4 4"},
+        {"series": f'{name}{{instance="rack1:7453",job="hangwatch-relay",reason="upstream_lost"}}',
+         "values": "0 0 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9 9"},
+        {"series": f'{name}{{instance="rack2:7453",job="hangwatch-relay",reason="backlog"}}',
+         "values": "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0"},
+    ]  # fmt: skip
+    fired = {
+        "exp_labels": {"severity": "warning", **behind},
+        "exp_annotations": rule["annotations"],
+    }
+    checks = [
+        {"eval_time": "1m30s", "alertname": "HangwatchRelayBacklog", "exp_alerts": []},
+        {"eval_time": "3m", "alertname": "HangwatchRelayBacklog", "exp_alerts": [fired]},
+        {"eval_time": "9m", "alertname": "HangwatchRelayBacklog", "exp_alerts": []},
+    ]
+    tests = tmp_path / "relay_backlog_test.yml"
+    tests.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(RULES)],
+                "evaluation_interval": "30s",
+                "tests": [{"interval": "30s", "input_series": series, "alert_rule_test": checks}],
+            }
+        )
+    )
+    out = subprocess.run(
+        [require_tool("promtool", "prometheus"), "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def documented_scrape_config() -> dict[str, Any]:
     """The scrape config in docs/operations.md, "Monitoring"."""
     section = OPERATIONS.read_text(encoding="utf-8").split("\n## Monitoring\n", 1)[1]

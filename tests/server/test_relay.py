@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from hangwatch.agent import client as client_mod
 from hangwatch.agent.client import CoordinatorClient, StaleSession
@@ -36,7 +37,7 @@ JOB = "relayed"
 
 
 def _relay(coordinator: str, **kw: object) -> Relay:
-    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, relay_window=0.1, **kw))
+    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, http_port=0, relay_window=0.1, **kw))
     r.start()
     return r
 
@@ -282,12 +283,12 @@ def test_hangwatch_relay_runs_with_a_token_and_stops_on_sigterm(
     coordinator = start_coordinator(token=token)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
     env["HANGWATCH_TOKEN"] = token
-    cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0", "--relay-window"]
+    cmd = [sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0", "--http-port", "0"]
     log = tmp_path / "relay.log"
     with (
         log.open("wb") as err,
         subprocess.Popen(
-            [*cmd, "0.05", "--coordinator", coordinator.grpc_address],
+            [*cmd, "--relay-window", "0.05", "--coordinator", coordinator.grpc_address],
             stdout=subprocess.PIPE,
             stderr=err,
             env=env,
@@ -299,6 +300,8 @@ def test_hangwatch_relay_runs_with_a_token_and_stops_on_sigterm(
             line = proc.stdout.readline()
             assert line.startswith("hangwatch relay: grpc=127.0.0.1:"), line
             address = line.split()[2].removeprefix("grpc=")
+            http = line.split()[3].removeprefix("http=")
+            assert http.startswith("127.0.0.1:") and http != address, line
             # Its stream to the coordinator is up once it logs so; before that
             # it would turn an agent away (the test above).
             wait_for(lambda: "forwarding progress to" in log.read_text(), 20, "the relay's log")
@@ -317,6 +320,12 @@ def test_hangwatch_relay_runs_with_a_token_and_stops_on_sigterm(
                 assert _requests(coordinator, "RelayProgress") >= 1
             finally:
                 a.close()
+            # Its /metrics is behind the same token (server.relay_http).
+            metrics = f"http://{http}/metrics"
+            assert httpx.get(metrics, timeout=10).status_code == 401
+            auth = {"Authorization": f"Bearer {token}"}
+            text = httpx.get(metrics, headers=auth, timeout=10).text
+            assert "hangwatch_relay_reports_forwarded_total 1.0" in text, text
             # A caller without the token is turned away by the relay itself.
             with grpc.insecure_channel(address) as ch:
                 call = rpc.CoordinatorStub(ch).StreamProgress(iter([pb.ProgressReport()]))
