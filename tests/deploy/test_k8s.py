@@ -19,7 +19,12 @@ yaml = pytest.importorskip("yaml", reason="pyyaml is in the test extra")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-KUSTOMIZATIONS = [K8S / "base", K8S / "overlays" / "daemonset", K8S / "overlays" / "production"]
+KUSTOMIZATIONS = [
+    K8S / "base",
+    K8S / "overlays" / "daemonset",
+    K8S / "overlays" / "production",
+    K8S / "overlays" / "relay",
+]
 EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
 Obj = dict[str, Any]
 
@@ -144,7 +149,7 @@ def hangwatch_command(c: Obj) -> tuple[str, list[str]]:
         argv = argv[1:]
     # Images use ENTRYPOINT ["hangwatch"]; a container without `command` runs it.
     assert argv, f"container {c['name']} runs nothing"
-    assert argv[0] in ("server", "agent", "run"), f"container {c['name']}: {argv}"
+    assert argv[0] in ("server", "agent", "run", "relay"), f"container {c['name']}: {argv}"
     return argv[0], argv[1:]
 
 
@@ -319,3 +324,64 @@ def test_daemonset_agent_and_its_training_pod(config_defaults: dict[str, object]
     assert t_env["HANGWATCH_JOB_ID"] == envs["HANGWATCH_JOB_ID"]
     assert {v["name"]: v for v in pspec["volumes"]}["hangwatch-run"]["hostPath"]["path"] == run_dir
     assert pspec["nodeSelector"].items() <= spec["nodeSelector"].items()
+
+
+def _admits(policy: Obj, port: str, labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy lets pods with `labels` reach `port`."""
+    return any(
+        any(p["port"] == port for p in rule["ports"])
+        and any(
+            f["podSelector"].get("matchLabels", {}).items() <= labels.items() for f in rule["from"]
+        )
+        for rule in policy["spec"]["ingress"]
+    )
+
+
+@pytest.mark.timeout(30)
+def test_relay_overlay_puts_the_agents_progress_through_relays(
+    config_defaults: dict[str, object],
+) -> None:
+    objs = render(K8S / "overlays" / "relay")
+    dep = find(objs, "Deployment", "hangwatch-relay")
+    spec = pod_spec(dep)
+    (c,) = spec["containers"]
+    assert hangwatch_command(c)[0] == "relay"
+    envs = container_env(c, objs)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    # The relay's own defaults differ from the coordinator's: the env sets both ports.
+    assert ports == {"grpc": int(str(envs["HANGWATCH_GRPC_PORT"])), "http": 7453}
+    assert int(str(envs["HANGWATCH_HTTP_PORT"])) == 7453
+    assert envs["HANGWATCH_HOST"] == "0.0.0.0" and "HANGWATCH_INSECURE" not in envs
+    # The probes are the paths server/relay_http.py serves (tests/server/test_relay_http.py).
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    token_file = PurePosixPath(str(envs["HANGWATCH_TOKEN_FILE"]))
+    assert str(token_file.parent) == mount_of(c, "token")
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["token"]["secret"]["secretName"] == "hangwatch-token"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert spec["securityContext"]["runAsNonRoot"]
+    # The relay dials the coordinator's Service, and the agents the relay's.
+    coord = find(objs, "Service", "hangwatch-coordinator")
+    coord_grpc = next(p["port"] for p in coord["spec"]["ports"] if p["name"] == "grpc")
+    assert envs["HANGWATCH_COORDINATOR"] == f"hangwatch-coordinator:{coord_grpc}"
+    svc = find(objs, "Service", "hangwatch-relay")
+    for sp in svc["spec"]["ports"]:
+        assert sp["targetPort"] in ports and sp["port"] == ports[sp["targetPort"]]
+    relay_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= relay_labels.items()
+    ds = find(objs, "DaemonSet", "hangwatch-agent")
+    agent_envs = container_env(pod_spec(ds)["containers"][0], objs)
+    assert agent_envs["HANGWATCH_PROGRESS_RELAY"] == f"hangwatch-relay:{ports['grpc']}"
+    assert agent_envs["HANGWATCH_COORDINATOR"] == f"hangwatch-coordinator:{coord_grpc}"
+    # Agents reach the relays' and the coordinator's gRPC; the relays reach
+    # the coordinator's; no one else reaches either gRPC port.
+    agent_labels = ds["spec"]["template"]["metadata"]["labels"]
+    relay_np = find(objs, "NetworkPolicy", "hangwatch-relay")
+    coord_np = find(objs, "NetworkPolicy", "hangwatch-coordinator")
+    assert relay_np["spec"]["podSelector"]["matchLabels"].items() <= relay_labels.items()
+    assert _admits(relay_np, "grpc", agent_labels)
+    assert _admits(coord_np, "grpc", agent_labels) and _admits(coord_np, "grpc", relay_labels)
+    stranger = {"app": "something-else"}
+    assert not _admits(relay_np, "grpc", stranger) and not _admits(coord_np, "grpc", stranger)
