@@ -197,6 +197,9 @@ class CoordinatorClient:
         self._via_relay = False
         self._relay_down_until = 0.0
         self._back_to_relay = False
+        # The same for the commands call (the command thread's alone).
+        self.commands_via_relay = False
+        self._commands_relay_down_until = 0.0
         # Progress goes as columns where the coordinator reads them
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
@@ -385,9 +388,41 @@ class CoordinatorClient:
         return str(ack.incident_id)
 
     def watch_commands(self) -> Any:
-        """The server stream of commands (a call object: iterate it, `cancel()` it)."""
+        """The server stream of commands (a call object: iterate it, `cancel()`
+        it): through the relay where one is configured and has not failed in
+        the last RELAY_RETRY_S, else from the coordinator. A call straight to
+        the coordinator while the relay is passed over ends (DEADLINE_EXCEEDED)
+        when the pause does, and the next goes back to the relay."""
         req = pb.WatchRequest(**self._sender())
-        return self.stub.WatchCommands(req, metadata=self.metadata)
+        now = time.monotonic()
+        if self._relay is not None and now >= self._commands_relay_down_until:
+            self.commands_via_relay = True
+            return self._relay.WatchCommands(req, metadata=self.metadata)
+        self.commands_via_relay = False
+        pause = None if self._relay is None else max(1.0, self._commands_relay_down_until - now)
+        return self.stub.WatchCommands(req, metadata=self.metadata, timeout=pause)
+
+    def commands_failed(self, error: grpc.RpcError) -> bool:
+        """A WatchCommands call ended with `error`; True when the next is to be
+        opened at once, not after a backoff: the relay failed (an older relay
+        without the method, one gone, or one that lost the coordinator: the
+        next call goes straight, for RELAY_RETRY_S), or a straight call's pause
+        is over. A dump request waits in the coordinator's mailbox meanwhile."""
+        code = error.code()
+        if self.commands_via_relay and code != grpc.StatusCode.FAILED_PRECONDITION:
+            self._commands_relay_down_until = time.monotonic() + RELAY_RETRY_S
+            log.warning(
+                "commands through relay %s failed (%s); watching the coordinator for %.0f s",
+                self.cfg.agent.progress_relay,
+                code.name,
+                RELAY_RETRY_S,
+            )
+            return True
+        return (
+            not self.commands_via_relay
+            and self._relay is not None
+            and code == grpc.StatusCode.DEADLINE_EXCEEDED
+        )
 
     def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:
         return self.stub.UploadBundle(chunks, timeout=UPLOAD_DEADLINE_S, metadata=self.metadata)

@@ -427,6 +427,8 @@ class Agent:
                     with self._lock:
                         self._need_register = True
                     self._wake_sender.set()
+                if self.client.commands_failed(e):
+                    continue  # the relay failed: straight to the coordinator now
                 self.stop.wait(backoff.next())
             finally:
                 self._stream = None

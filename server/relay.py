@@ -16,8 +16,16 @@ stream to the coordinator is up.
 
 The relay answers an agent as the coordinator would: ProgressAck{known:
 false} and the end of its stream for an unknown session, INVALID_ARGUMENT for
-a refused report. Agents still register, watch commands and upload directly,
-so a relay carries nothing an incident needs but progress.
+a refused report.
+
+It carries its agents' WatchCommands calls too, on one RelayCommands stream
+(the coordinator sends a whole incident's DUMPs to a relay's agents in one
+message, not one stream each). A command stays in its agent's mailbox at the
+coordinator until the agent answers, so a relay lost mid-incident delays a
+DUMP (its agents' calls end, they reopen straight to the coordinator and get
+it there), never loses it. A coordinator without RelayCommands answers
+UNIMPLEMENTED; the relay then answers its agents' calls the same way and
+they watch directly. Agents register, report events and upload directly.
 
 Failure never loses progress silently. While the relay has no stream to the
 coordinator it refuses agents' streams (UNAVAILABLE); when that stream
@@ -83,6 +91,11 @@ RELAY_PORT: Final = 7452
 RELAY_HTTP_PORT: Final = 7453
 
 
+# An agent's WatchCommands call at the relay: its commands, then how it ends
+# (None: normally; a status and text: aborted so).
+_Queue = asyncio.Queue[pb.Command | tuple[grpc.StatusCode, str] | None]
+
+
 @dataclass
 class _AgentStream:
     """One agent's StreamProgress call at the relay: how it is to end."""
@@ -114,6 +127,9 @@ class RelayStats:
     reports_forwarded: int
     batches_forwarded: int
     upstream_failures: int
+    # Agents' WatchCommands calls held, and the commands passed to them.
+    command_watches: int
+    commands_forwarded: int
     # Reports taken but never sent on, by why: "backlog" (refused, the
     # coordinator reading too slowly), "upstream_lost" (held when the stream
     # to the coordinator broke), "stopping".
@@ -143,6 +159,33 @@ class RelayService(rpc.CoordinatorServicer):
             version=__version__,
             agents_connected=relay.agents_connected(),
         )
+
+    async def WatchCommands(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.Command]:
+        """The agent's commands as the coordinator sends them on the relay's
+        RelayCommands stream; the call ends as WatchCommands would end it
+        there, or UNAVAILABLE when that stream breaks (the agent then watches
+        the coordinator directly)."""
+        relay = self.relay
+        if relay.commands_unsupported:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "the coordinator takes commands directly"
+            )
+        if not relay.commands_connected:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the relay has no coordinator")
+        watch = relay.open_watch(request)
+        try:
+            while True:
+                item = await watch.get()
+                if item is None:
+                    return  # replaced at the coordinator: the agent opens a new call
+                if isinstance(item, pb.Command):
+                    yield item
+                    continue
+                await context.abort(*item)
+        finally:
+            relay.close_watch(request, watch)
 
     async def StreamProgress(
         self,
@@ -196,6 +239,7 @@ class Relay:
         self.batches_sent = 0
         self.reports_sent = 0
         self.reports_received = 0
+        self.commands_forwarded = 0
         self.upstream_failures = 0
         self.not_forwarded: Counter[str] = Counter()
         self.streams_ended: Counter[str] = Counter()
@@ -209,6 +253,14 @@ class Relay:
         self._pending: list[pb.ProgressReport] = []
         self._call_no = 0  # of the RelayProgress call now open (_batches)
         self._streams: dict[str, _AgentStream] = {}
+        # Agents' WatchCommands calls held here, by session, and the changes
+        # to them not yet told to the coordinator (the last per session).
+        self.commands_connected = False
+        self.commands_unsupported = False
+        self._watches: dict[str, tuple[pb.WatchRequest, _Queue]] = {}
+        self._watch_changes: dict[str, tuple[bool, pb.WatchRequest]] = {}
+        self._watch_wake: asyncio.Event | None = None
+        self._watch_call_no = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
@@ -275,6 +327,100 @@ class Relay:
             self.not_forwarded[reason] += len(self._pending)
         self._pending.clear()
 
+    # ---- commands (on the loop) ---------------------------------------------
+
+    def open_watch(self, req: pb.WatchRequest) -> _Queue:
+        """Hold an agent's WatchCommands call; a call of the same session
+        still held is ended (the agent opened a new one)."""
+        old = self._watches.get(req.session_id)
+        if old is not None:
+            old[1].put_nowait((grpc.StatusCode.UNAVAILABLE, "a newer call took its place"))
+        q: _Queue = asyncio.Queue()
+        self._watches[req.session_id] = (req, q)
+        self._watch_changed(True, req)
+        return q
+
+    def close_watch(self, req: pb.WatchRequest, q: _Queue) -> None:
+        held = self._watches.get(req.session_id)
+        if held is not None and held[1] is q:
+            del self._watches[req.session_id]
+            self._watch_changed(False, req)
+
+    def _watch_changed(self, opened: bool, req: pb.WatchRequest) -> None:
+        self._watch_changes[req.session_id] = (opened, req)
+        assert self._watch_wake is not None
+        self._watch_wake.set()
+
+    def _route_command(self, rc: pb.RelayedCommand) -> None:
+        held = self._watches.get(rc.session_id)
+        if held is None:
+            return  # that call is gone; the mailbox sends it on the agent's next one
+        q = held[1]
+        if rc.end == pb.WATCH_END_UNKNOWN_SESSION:
+            q.put_nowait((grpc.StatusCode.FAILED_PRECONDITION, "unknown session: re-register"))
+        elif rc.end == pb.WATCH_END_REPLACED:
+            q.put_nowait(None)
+        else:
+            self.commands_forwarded += 1
+            q.put_nowait(rc.command)
+
+    def _end_watches(self, code: grpc.StatusCode, why: str) -> None:
+        for _, q in self._watches.values():
+            q.put_nowait((code, why))
+        self._watches.clear()
+        self._watch_changes.clear()
+
+    async def _watch_feed(self, call_no: int) -> AsyncIterator[pb.CommandWatch]:
+        """Every call held, then the changes as they come, each session's last."""
+        assert self._watch_wake is not None
+        self._watch_changes.clear()
+        yield pb.CommandWatch(relay_id=self.relay_id, opened=[r for r, _ in self._watches.values()])
+        while True:
+            await self._watch_wake.wait()
+            if call_no != self._watch_call_no:
+                return
+            self._watch_wake.clear()
+            changes, self._watch_changes = self._watch_changes, {}
+            msg = pb.CommandWatch()
+            for opened, req in changes.values():
+                (msg.opened if opened else msg.closed).append(req)
+            if changes:
+                yield msg
+
+    async def _commands(self, channel: grpc.aio.Channel) -> None:
+        """Keep one RelayCommands stream open; end every agent's call when it breaks."""
+        assert self._stopping is not None
+        stub = rpc.CoordinatorStub(channel)
+        delay = RECONNECT_S[0]
+        while not self._stopping.is_set():
+            self._watch_call_no += 1
+            call = stub.RelayCommands(
+                self._watch_feed(self._watch_call_no), metadata=self._metadata
+            )
+            try:
+                await call.wait_for_connection()
+                self.commands_connected = True
+                delay = RECONNECT_S[0]
+                async for msg in call:
+                    for rc in msg.commands:
+                        self._route_command(rc)
+                why = "the coordinator ended the relay's command stream"
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.warning("the coordinator takes no commands through relays: agents watch it")
+                    self.commands_unsupported = True
+                    self.commands_connected = False
+                    self._end_watches(grpc.StatusCode.UNIMPLEMENTED, "commands go directly")
+                    return
+                why = f"the relay's command stream failed: {e.code().name}: {e.details()}"
+            finally:
+                call.cancel()
+            self.commands_connected = False
+            self._end_watches(grpc.StatusCode.UNAVAILABLE, why)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            delay = min(RECONNECT_S[1], delay * 2)
+
     async def _stats(self) -> RelayStats:
         return RelayStats(
             connected=self.connected,
@@ -284,6 +430,8 @@ class Relay:
             reports_forwarded=self.reports_sent,
             batches_forwarded=self.batches_sent,
             upstream_failures=self.upstream_failures,
+            command_watches=len(self._watches),
+            commands_forwarded=self.commands_forwarded,
             not_forwarded=dict(self.not_forwarded),
             streams_ended=dict(self.streams_ended),
         )
@@ -382,16 +530,21 @@ class Relay:
         self.relay_id = f"{socket.gethostname()}:{port}"
         await server.start()
         channel = self._channel()
+        self._watch_wake = asyncio.Event()
         forward = asyncio.create_task(self._forward(channel))
         forward.add_done_callback(self._forward_ended)
+        commands = asyncio.create_task(self._commands(channel))
+        commands.add_done_callback(self._forward_ended)
         self._started.set()
         try:
             await self._stopping.wait()
         finally:
             self._end_all(grpc.StatusCode.UNAVAILABLE, "the relay is stopping", "stopping")
             await server.stop(1.0)
+            self._end_watches(grpc.StatusCode.UNAVAILABLE, "the relay is stopping")
             forward.cancel()
-            await asyncio.gather(forward, return_exceptions=True)
+            commands.cancel()
+            await asyncio.gather(forward, commands, return_exceptions=True)
             await channel.close()
 
     def _forward_ended(self, task: asyncio.Task[None]) -> None:
@@ -402,6 +555,8 @@ class Relay:
         if self._stopping.is_set():
             return
         err = None if task.cancelled() else task.exception()
+        if err is None and self.commands_unsupported:
+            return  # _commands ends so on an older coordinator: agents watch it directly
         log.error("the relay's stream to the coordinator stopped for good: %r; stopping", err)
         self._stopping.set()
 

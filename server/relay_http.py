@@ -90,6 +90,18 @@ FAMILIES: Final = (
         "Streams to the coordinator that failed to open or broke.",
         "",
     ),
+    (
+        "hangwatch_relay_command_watches",
+        "gauge",
+        "Agents' WatchCommands calls the relay holds.",
+        "",
+    ),
+    (
+        "hangwatch_relay_commands_forwarded",
+        "counter",
+        "Commands (dump requests) the relay passed to its agents.",
+        "",
+    ),
 )
 NOT_FORWARDED_REASONS: Final = ("backlog", "upstream_lost", "stopping")
 ENDED_REASONS: Final = (
@@ -116,6 +128,8 @@ class _Collector(Collector):
             "hangwatch_relay_reports_forwarded": s.reports_forwarded,
             "hangwatch_relay_batches_forwarded": s.batches_forwarded,
             "hangwatch_relay_upstream_failures": s.upstream_failures,
+            "hangwatch_relay_command_watches": s.command_watches,
+            "hangwatch_relay_commands_forwarded": s.commands_forwarded,
         }
         # Every reason from the start, at 0: increase() over a series that
         # appears only with its first count misses that count.

@@ -31,6 +31,7 @@ from hangwatch.server.ingest.batches import (
 )
 from hangwatch.server.ingest.uploads import MAX_FILE_BYTES, FileUpload, UploadError, UploadTracker
 from hangwatch.server.ingest.validate import Invalid
+from hangwatch.server.ingest.watches import RelayedWatches, messages
 from hangwatch.server.integrations.actions import ActionRunner
 from hangwatch.server.integrations.metrics import Metrics
 from hangwatch.server.live.registry import JobRegistry, StaleSession
@@ -369,6 +370,39 @@ class CoordinatorService(rpc.CoordinatorServicer):
             # and on server shutdown: no waker outlives its stream.
             self._streams.discard(wake)
             self.registry.remove_waker(request.job_id, request.agent_id, token)
+
+    async def RelayCommands(
+        self,
+        request_iterator: AsyncIterator[pb.CommandWatch],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.RelayedCommands]:
+        """WatchCommands for every agent whose call a relay holds, on one stream
+        (ingest.watches). Ends when the relay closes its side, on shutdown, or
+        with INVALID_ARGUMENT for a watch that names no valid sender."""
+        watches = RelayedWatches(self.registry, asyncio.get_running_loop())
+        reader = asyncio.create_task(watches.read(request_iterator))
+        reader.add_done_callback(lambda _: watches.wake.set())
+        self._streams.add(watches.wake)
+        every = False
+        try:
+            while not self.stopping.is_set():
+                for msg in messages(watches.due(every=every)):
+                    yield msg
+                if reader.done():
+                    break
+                every = not await watches.wait(STREAM_RECHECK_S)
+            error = None if reader.cancelled() or not reader.done() else reader.exception()
+            if isinstance(error, Invalid):
+                await self._fail(
+                    context, "RelayCommands", grpc.StatusCode.INVALID_ARGUMENT, str(error)
+                )
+            if error is not None:
+                raise error
+            self._ok("RelayCommands")
+        finally:
+            reader.cancel()
+            self._streams.discard(watches.wake)
+            watches.close()
 
     async def UploadBundle(
         self,

@@ -123,8 +123,8 @@ class SimAgent(DumpUploads):
         ]
         self.channel = grpc.aio.insecure_channel(self.spec.target, options=options)
         self.stub = rpc.CoordinatorStub(self.channel)
-        # Progress goes through a relay where the spec names some (as the
-        # agent's --progress-relay); everything else to the coordinator.
+        # Progress and commands go through a relay where the spec names some
+        # (as the agent's --progress-relay); everything else to the coordinator.
         relays = self.spec.progress_relays
         self.relay_channel = (
             grpc.aio.insecure_channel(relays[node % len(relays)], options=options)
@@ -384,8 +384,10 @@ class SimAgent(DumpUploads):
             await self.register()
 
     async def watch_loop(self) -> None:
+        relay_down_until = 0.0  # as the agent: after a relay fails, straight for a minute
         while True:
-            call = self.stub.WatchCommands(
+            via_relay = self.relay_channel is not None and time.monotonic() >= relay_down_until
+            call = (self.progress_stub if via_relay else self.stub).WatchCommands(
                 pb.WatchRequest(
                     job_id=self.spec.job_id, agent_id=self.agent_id, session_id=self.session_id
                 ),
@@ -409,4 +411,7 @@ class SimAgent(DumpUploads):
                 # ranks one agent never saw its DUMP and the incident waited
                 # out its deadline.
                 self.stats.error(f"WatchCommands: {e.code().name}: {e.details()}")
+                if via_relay and e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    relay_down_until = time.monotonic() + 60.0
+                    continue  # the relay failed: straight to the coordinator now
             await asyncio.sleep(0.2)  # the stream ended (re-register or restart): reopen

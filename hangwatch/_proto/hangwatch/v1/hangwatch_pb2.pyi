@@ -26,6 +26,12 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_BACKEND_UNHEALTHY: _ClassVar[EventKind]
     EVENT_KIND_RANK_CRASHED: _ClassVar[EventKind]
 
+class WatchEnd(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WATCH_END_NONE: _ClassVar[WatchEnd]
+    WATCH_END_UNKNOWN_SESSION: _ClassVar[WatchEnd]
+    WATCH_END_REPLACED: _ClassVar[WatchEnd]
+
 class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
@@ -45,6 +51,9 @@ EVENT_KIND_RANK_EXITED: EventKind
 EVENT_KIND_RANK_UNRESPONSIVE: EventKind
 EVENT_KIND_BACKEND_UNHEALTHY: EventKind
 EVENT_KIND_RANK_CRASHED: EventKind
+WATCH_END_NONE: WatchEnd
+WATCH_END_UNKNOWN_SESSION: WatchEnd
+WATCH_END_REPLACED: WatchEnd
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_KIND_DUMP: CommandKind
 COMMAND_KIND_UPLOAD_FULL: CommandKind
@@ -335,6 +344,32 @@ class WatchRequest(_message.Message):
     agent_id: str
     session_id: str
     def __init__(self, job_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class CommandWatch(_message.Message):
+    __slots__ = ("opened", "closed", "relay_id")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ID_FIELD_NUMBER: _ClassVar[int]
+    opened: _containers.RepeatedCompositeFieldContainer[WatchRequest]
+    closed: _containers.RepeatedCompositeFieldContainer[WatchRequest]
+    relay_id: str
+    def __init__(self, opened: _Optional[_Iterable[_Union[WatchRequest, _Mapping]]] = ..., closed: _Optional[_Iterable[_Union[WatchRequest, _Mapping]]] = ..., relay_id: _Optional[str] = ...) -> None: ...
+
+class RelayedCommand(_message.Message):
+    __slots__ = ("session_id", "command", "end")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    command: Command
+    end: WatchEnd
+    def __init__(self, session_id: _Optional[str] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., end: _Optional[_Union[WatchEnd, str]] = ...) -> None: ...
+
+class RelayedCommands(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[RelayedCommand]
+    def __init__(self, commands: _Optional[_Iterable[_Union[RelayedCommand, _Mapping]]] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("kind", "incident_id", "reason", "deadline_s", "tail_context", "ranks", "grace_s", "pids")

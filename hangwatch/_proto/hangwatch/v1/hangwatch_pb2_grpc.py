@@ -92,6 +92,11 @@ class CoordinatorStub:
                 request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.ProgressBatch.SerializeToString,
                 response_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.RelayAck.FromString,
                 _registered_method=True)
+        self.RelayCommands = channel.stream_stream(
+                '/hangwatch.v1.Coordinator/RelayCommands',
+                request_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.CommandWatch.SerializeToString,
+                response_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.RelayedCommands.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -205,7 +210,22 @@ class CoordinatorServicer:
         report is applied as StreamProgress applies it, in order. The coordinator
         answers only a report whose session is unknown or that is invalid
         (RelayAck); either ends that agent's stream at the relay, never the batch
-        stream. The agents still register, watch commands and upload directly.
+        stream. The agents still register, report events and upload directly.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RelayCommands(self, request_iterator, context):
+        """Many agents' WatchCommands on one stream, for a relay that takes its
+        agents' WatchCommands calls. The relay says which agents' calls it holds
+        (CommandWatch: opened, closed); the coordinator sends each of those
+        agents' commands as WatchCommands would, many agents' in one message:
+        an incident's DUMP to 4,096 agents through 16 relays is 16 messages, not
+        4,096 streams woken. A command stays in its agent's mailbox until the
+        agent answers (CompleteDump, straight to the coordinator), and is sent
+        again on every watch opened meanwhile, here or direct, so a relay lost
+        in the middle of an incident delays a DUMP, never loses it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -268,6 +288,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.RelayProgress,
                     request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.ProgressBatch.FromString,
                     response_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.RelayAck.SerializeToString,
+            ),
+            'RelayCommands': grpc.stream_stream_rpc_method_handler(
+                    servicer.RelayCommands,
+                    request_deserializer=hangwatch_dot_v1_dot_hangwatch__pb2.CommandWatch.FromString,
+                    response_serializer=hangwatch_dot_v1_dot_hangwatch__pb2.RelayedCommands.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -570,6 +595,33 @@ class Coordinator:
             '/hangwatch.v1.Coordinator/RelayProgress',
             hangwatch_dot_v1_dot_hangwatch__pb2.ProgressBatch.SerializeToString,
             hangwatch_dot_v1_dot_hangwatch__pb2.RelayAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayCommands(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hangwatch.v1.Coordinator/RelayCommands',
+            hangwatch_dot_v1_dot_hangwatch__pb2.CommandWatch.SerializeToString,
+            hangwatch_dot_v1_dot_hangwatch__pb2.RelayedCommands.FromString,
             options,
             channel_credentials,
             insecure,
