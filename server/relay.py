@@ -532,25 +532,26 @@ class Relay:
         channel = self._channel()
         self._watch_wake = asyncio.Event()
         forward = asyncio.create_task(self._forward(channel))
-        forward.add_done_callback(self._forward_ended)
+        forward.add_done_callback(self._upstream_ended)
         commands = asyncio.create_task(self._commands(channel))
-        commands.add_done_callback(self._forward_ended)
+        commands.add_done_callback(self._upstream_ended)
         self._started.set()
         try:
             await self._stopping.wait()
         finally:
             self._end_all(grpc.StatusCode.UNAVAILABLE, "the relay is stopping", "stopping")
-            await server.stop(1.0)
             self._end_watches(grpc.StatusCode.UNAVAILABLE, "the relay is stopping")
+            await server.stop(1.0)
             forward.cancel()
             commands.cancel()
             await asyncio.gather(forward, commands, return_exceptions=True)
             await channel.close()
 
-    def _forward_ended(self, task: asyncio.Task[None]) -> None:
-        """`_forward` runs until the relay stops; ended otherwise (a bug), the
-        relay would turn every agent away while looking alive: stop it, so that
-        `hangwatch relay` exits non-zero and its supervisor restarts it."""
+    def _upstream_ended(self, task: asyncio.Task[None]) -> None:
+        """`_forward` and `_commands` run until the relay stops; one ended
+        otherwise (a bug), the relay would turn agents away while looking
+        alive: stop it, so that `hangwatch relay` exits non-zero and its
+        supervisor restarts it."""
         assert self._stopping is not None
         if self._stopping.is_set():
             return

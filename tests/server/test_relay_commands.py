@@ -27,7 +27,7 @@ from hangwatch.server.live.commands import Command
 from hangwatch.server.relay import Relay
 
 from hangwatch.config import Config
-from hangwatch.wire import pb
+from hangwatch.wire import pb, rpc
 from tests.server.conftest import rank_infos, wait_for
 
 JOB = "relayed-commands"
@@ -221,3 +221,19 @@ def test_a_relay_without_its_coordinator_turns_watches_away(coordinator: Coordin
             a.close()
     finally:
         r.stop()
+
+
+@pytest.mark.timeout(30)
+def test_the_coordinator_refuses_a_watch_naming_no_valid_sender(coordinator: Coordinator) -> None:
+    """RelayCommands checks each watch as WatchCommands checks its request: a
+    relay that sends one without a valid job or agent id has its stream ended
+    with INVALID_ARGUMENT, and holds no waker at the coordinator."""
+    bad = pb.WatchRequest(job_id="../etc", agent_id="node-0", session_id="s")
+    with grpc.insecure_channel(coordinator.grpc_address) as ch:
+        call = rpc.CoordinatorStub(ch).RelayCommands(
+            iter([pb.CommandWatch(relay_id="test-relay", opened=[bad])]), timeout=10
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "job_id" in (refused.value.details() or "")
