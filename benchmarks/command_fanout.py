@@ -18,6 +18,12 @@ from the first DUMP queued to the last one received, the coordinator's CPU
 over it (this process: its gRPC loop and every thread), its CPU over `--idle-s`
 with every watch held (the streams' periodic re-check), and what holding the
 watches added to its RSS. Ratios are to `direct`, measured in the same run.
+
+`--channel-per-agent` gives each simulated agent its own channel and TCP
+connection, as real nodes have (by default they share one): the coordinator's
+RSS growth from the agents' registrations over their own connections is then
+reported too (`rss_registered_kb_per_agent`), what an idle agent costs it
+before any watch.
 """
 
 from __future__ import annotations
@@ -74,16 +80,20 @@ def _register_request(node: int, world: int) -> pb.RegisterRequest:
     return pb.RegisterRequest(job_id=JOB, agent_id=f"node-{node:05d}", host=f"h{node}", ranks=ranks)
 
 
-async def _agents(target: str, mode: str, n: int, relays: int, conn: Connection) -> None:
+async def _agents(target: str, mode: str, n: int, relays: int, own: bool, conn: Connection) -> None:
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    if own:  # each node its own TCP connection, as the agent's channel is
+        options.append(("grpc.use_local_subchannel_pool", 1))
     async with grpc.aio.insecure_channel(target, options=options) as ch:
         stub = rpc.CoordinatorStub(ch)
+        nodes = [grpc.aio.insecure_channel(target, options=options) for _ in range(n if own else 0)]
+        stubs = [rpc.CoordinatorStub(c) for c in nodes] or [stub] * n
         world = n * RANKS_PER_AGENT
         sem = asyncio.Semaphore(64)
 
         async def register(node: int) -> pb.WatchRequest:
             async with sem:
-                resp = await stub.Register(_register_request(node, world), timeout=60)
+                resp = await stubs[node].Register(_register_request(node, world), timeout=60)
             return pb.WatchRequest(
                 job_id=JOB, agent_id=f"node-{node:05d}", session_id=resp.session_id
             )
@@ -103,8 +113,8 @@ async def _agents(target: str, mode: str, n: int, relays: int, conn: Connection)
 
         calls: list[Any] = []
 
-        async def direct(req: pb.WatchRequest) -> None:
-            calls.append(call := stub.WatchCommands(req))
+        async def direct(node: int, req: pb.WatchRequest) -> None:
+            calls.append(call := stubs[node].WatchCommands(req))
             async for _ in call:
                 count(1)
 
@@ -118,7 +128,7 @@ async def _agents(target: str, mode: str, n: int, relays: int, conn: Connection)
                 count(len(msg.commands))
 
         if mode == "direct":
-            tasks = [asyncio.create_task(direct(w)) for w in watches]
+            tasks = [asyncio.create_task(direct(i, w)) for i, w in enumerate(watches)]
         else:
             tasks = [asyncio.create_task(relay(list(watches[r::relays]), r)) for r in range(relays)]
         conn.send("watching")
@@ -128,10 +138,11 @@ async def _agents(target: str, mode: str, n: int, relays: int, conn: Connection)
         for c in calls:  # the calls themselves, so that nothing of them is left in flight
             c.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(c.close() for c in nodes))
 
 
-def _child(target: str, mode: str, n: int, relays: int, conn: Connection) -> None:
-    asyncio.run(_agents(target, mode, n, relays, conn))
+def _child(target: str, mode: str, n: int, relays: int, own: bool, conn: Connection) -> None:
+    asyncio.run(_agents(target, mode, n, relays, own, conn))
 
 
 def _held(coordinator: Coordinator, n: int) -> bool:
@@ -141,7 +152,7 @@ def _held(coordinator: Coordinator, n: int) -> bool:
     )
 
 
-def one_round(mode: str, n: int, relays: int, idle_s: float) -> dict[str, float]:
+def one_round(mode: str, n: int, relays: int, idle_s: float, own: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         conf = Config.of(
             job_id=JOB, grpc_port=0, http_port=0, data_dir=d, stall_timeout=3600.0,
@@ -151,8 +162,11 @@ def one_round(mode: str, n: int, relays: int, idle_s: float) -> dict[str, float]
         coordinator.start()
         ctx = mp.get_context("spawn")
         here, there = ctx.Pipe()
+        rss_start = _rss_kb()
         child = ctx.Process(
-            target=_child, args=(coordinator.grpc_address, mode, n, relays, there), daemon=True
+            target=_child,
+            args=(coordinator.grpc_address, mode, n, relays, own, there),
+            daemon=True,
         )
         child.start()
         try:
@@ -194,6 +208,7 @@ def one_round(mode: str, n: int, relays: int, idle_s: float) -> dict[str, float]
         "fanout_cpu_s": cpu,
         "idle_cpu_cores": idle_cpu / idle_s,
         "rss_watches_kb_per_agent": (rss1 - rss0) / n,
+        "rss_registered_kb_per_agent": (rss0 - rss_start) / n,
     }
 
 
@@ -203,18 +218,22 @@ def main() -> int:
     ap.add_argument("--relays", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument("--channel-per-agent", action="store_true", help="a connection per agent")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"direct": [], "relayed": []}
     for _ in range(args.rounds):  # interleaved: the machine's drift hits both alike
         for mode in runs:
-            runs[mode].append(one_round(mode, args.agents, args.relays, args.idle_s))
+            runs[mode].append(
+                one_round(mode, args.agents, args.relays, args.idle_s, args.channel_per_agent)
+            )
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
     out: dict[str, Any] = {
         "agents": args.agents,
         "ranks": args.agents * RANKS_PER_AGENT,
         "relays": args.relays,
         "rounds": args.rounds,
+        "channel_per_agent": args.channel_per_agent,
         "median": med,
         "runs": runs,
         "ratio_relayed_to_direct": {
