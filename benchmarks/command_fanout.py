@@ -13,7 +13,8 @@ the relays send; their own work is on their own machines). With every watch
 held at the coordinator, it queues a DUMP for every agent as the incident
 manager does (`JobRegistry.push_command`) and the child counts what arrives.
 
-Per mode, medians over `--rounds` (a fresh coordinator each): the wall time
+Per mode, medians over `--rounds` (each a fresh process holding a fresh
+coordinator, so that no round's RSS reuses what an earlier one freed): the wall time
 from the first DUMP queued to the last one received, the coordinator's CPU
 over it (this process: its gRPC loop and every thread), its CPU over `--idle-s`
 with every watch held (the streams' periodic re-check), and what holding the
@@ -33,6 +34,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -220,13 +222,25 @@ def main() -> int:
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--channel-per-agent", action="store_true", help="a connection per agent")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--one-round", choices=("direct", "relayed"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_round:  # a round in this process: its numbers as one JSON line
+        got = one_round(
+            args.one_round, args.agents, args.relays, args.idle_s, args.channel_per_agent
+        )
+        print(json.dumps(got))
+        return 0
     runs: dict[str, list[dict[str, float]]] = {"direct": [], "relayed": []}
     for _ in range(args.rounds):  # interleaved: the machine's drift hits both alike
         for mode in runs:
-            runs[mode].append(
-                one_round(mode, args.agents, args.relays, args.idle_s, args.channel_per_agent)
-            )
+            cmd = [sys.executable, __file__, "--one-round", mode, "--agents", str(args.agents),
+                   "--relays", str(args.relays), "--idle-s", str(args.idle_s)]  # fmt: skip
+            if args.channel_per_agent:
+                cmd.append("--channel-per-agent")
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"a {mode} round failed: {done.stderr[-2000:]}")
+            runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
     med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
     out: dict[str, Any] = {
         "agents": args.agents,
