@@ -135,7 +135,8 @@ class RelayProcesses:
                 raise RuntimeError(f"a relay did not start: {line!r} {log.read_text()}")
             self.addresses.append(line.split()[2].removeprefix("grpc="))
         end = time.monotonic() + 30
-        while not all("forwarding progress to" in log.read_text() for log in self.logs):
+        up = ("forwarding progress to", "carrying agents' commands from")
+        while not all(u in log.read_text() for log in self.logs for u in up):
             if time.monotonic() > end:
                 raise RuntimeError("a relay did not reach the coordinator in 30 s")
             time.sleep(0.1)

@@ -401,6 +401,7 @@ class Relay:
                 await call.wait_for_connection()
                 self.commands_connected = True
                 delay = RECONNECT_S[0]
+                log.info("carrying agents' commands from %s", self.coordinator)
                 async for msg in call:
                     for rc in msg.commands:
                         self._route_command(rc)

@@ -166,8 +166,13 @@ def test_live_incident_through_a_relay(coordinator: dict[str, str], tmp_path: Pa
             line = relay.stdout.readline()
             assert line.startswith("hangwatch relay: grpc="), line + log.read_text()
             grpc_at, http_at = (f.split("=", 1)[1] for f in line.split()[2:4])
+            # Both its streams up before the agent starts: a watch that came
+            # before the command stream would go straight to the coordinator.
             end = time.monotonic() + 30
-            while "forwarding progress to" not in log.read_text():
+            while not all(
+                started in log.read_text()
+                for started in ("forwarding progress to", "carrying agents' commands from")
+            ):
                 assert time.monotonic() < end and relay.poll() is None, log.read_text()
                 time.sleep(0.1)
             out = _demo(coordinator, "skip", tmp_path, env={env_var("progress_relay"): grpc_at})
