@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -300,6 +301,13 @@ def rank_meta(rank: int, world_size: int, host: str = "host") -> bytes:
         sources={"fr": "worker-server", "stacks": "none", "gpu": "none", "process": "procfs"},
         gpu={"available": False, "reason": "no GPU"},
     ).to_bytes()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (closed again: for a peer that must be absent)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from hangwatch.server.relay import Relay
 
 from hangwatch.config import Config
 from hangwatch.wire import pb, rpc
-from tests.server.conftest import progress_at, rank_infos, wait_for
+from tests.server.conftest import free_port, progress_at, rank_infos, wait_for
 from tests.support.pki import make_pki, needs_openssl
 
 JOB = "relayed"
@@ -195,7 +194,7 @@ def test_when_the_relay_stops_its_agents_report_to_the_coordinator(
 
 @pytest.mark.timeout(60)
 def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordinator) -> None:
-    r = _relay(f"127.0.0.1:{_free_port()}")  # a port nothing listens on
+    r = _relay(f"127.0.0.1:{free_port()}")  # a port nothing listens on
     try:
         cfg = Config.of(coordinator=coordinator.grpc_address, progress_relay=r.address, job_id=JOB)
         a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
@@ -213,12 +212,6 @@ def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordina
         r.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(90)
 def test_after_its_coordinator_restarts_the_relay_reconnects_and_agents_come_back(
     start_coordinator: Callable[..., Coordinator], monkeypatch: pytest.MonkeyPatch
@@ -228,7 +221,7 @@ def test_after_its_coordinator_restarts_the_relay_reconnects_and_agents_come_bac
     straight meanwhile returns to the relay once its pause is over, on a new
     stream that opens with a full report (as the agent's sender loop drives it)."""
     monkeypatch.setattr(client_mod, "RELAY_RETRY_S", 2.0)
-    port = _free_port()
+    port = free_port()
     first = start_coordinator(grpc_port=port)
     r = _relay(first.grpc_address)
     try:
@@ -428,7 +421,7 @@ def test_a_relay_serves_and_dials_mutual_tls(
 def test_a_relay_answers_health_while_it_has_its_coordinator(coordinator: Coordinator) -> None:
     """Health is the relay's own: serving only with its stream to the
     coordinator up (agents are turned away without it), open without a token."""
-    port = _free_port()
+    port = free_port()
     relay = _relay(f"127.0.0.1:{port}")  # nothing listens there
     try:
         with grpc.insecure_channel(relay.address) as ch:

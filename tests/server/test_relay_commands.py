@@ -14,7 +14,6 @@ command waiting in its mailbox reaches it there.
 from __future__ import annotations
 
 import queue
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,7 +27,7 @@ from hangwatch.server.relay import Relay
 
 from hangwatch.config import Config
 from hangwatch.wire import pb, rpc
-from tests.server.conftest import rank_infos, wait_for
+from tests.server.conftest import free_port, rank_infos, wait_for
 
 JOB = "relayed-commands"
 
@@ -192,9 +191,7 @@ def test_when_the_relay_goes_the_agent_watches_the_coordinator_and_gets_its_dump
 
 @pytest.mark.timeout(60)
 def test_a_relay_without_its_coordinator_turns_watches_away(coordinator: Coordinator) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{s.getsockname()[1]}"
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing listens there
     r = Relay(Config.of(coordinator=nowhere, grpc_port=0, http_port=0))
     r.start()
     try:

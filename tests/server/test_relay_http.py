@@ -9,7 +9,6 @@ away, by why.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,7 +23,7 @@ from hangwatch.server.relay_http import ENDED_REASONS, FAMILIES, NOT_FORWARDED_R
 from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.config import Config
-from tests.server.conftest import progress_at, rank_infos, wait_for
+from tests.server.conftest import free_port, progress_at, rank_infos, wait_for
 
 JOB = "relay-http"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -167,10 +166,7 @@ def test_when_its_coordinator_goes_the_relay_says_so_and_counts_whom_it_ended(
 
 @pytest.mark.timeout(60)
 def test_agents_turned_away_without_a_coordinator_are_counted(coordinator: Coordinator) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{s.getsockname()[1]}"
-    relay = _relay(nowhere)
+    relay = _relay(f"127.0.0.1:{free_port()}")  # nothing listens there
     try:
         assert _get(relay, "/readyz").status_code == 503
         a = _agent(coordinator, relay, 0)  # registered with the live coordinator
