@@ -8,7 +8,6 @@ it. Mailboxes are not locked themselves; the registry's lock guards them.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -47,11 +46,14 @@ class Command:
 class Mailbox:
     """One agent's undelivered commands and the open streams to wake for them."""
 
-    pending: deque[Command] = field(default_factory=lambda: deque(maxlen=PENDING_COMMANDS))
+    # Oldest first, at most PENDING_COMMANDS. A list: one is held per agent
+    # whether or not a command ever comes, and an empty deque is 624 B.
+    pending: list[Command] = field(default_factory=list)
     wakers: dict[int, Callable[[], None]] = field(default_factory=dict)
 
     def push(self, cmd: Command) -> None:
         self.pending.append(cmd)
+        del self.pending[:-PENDING_COMMANDS]
         self.wake()
 
     def wake(self) -> None:
@@ -59,24 +61,21 @@ class Mailbox:
             w()
 
     def unexpired(self, now: float) -> list[Command]:
-        while self.pending and self.pending[0].expires <= now:
-            self.pending.popleft()
+        self.pending = [c for c in self.pending if c.expires > now]
         return list(self.pending)
 
     def retire(self, incident_id: str, kind: int | None = None) -> None:
         """Drop the incident's commands (only those of `kind`, when given)."""
-        self.pending = deque(
-            (
-                c
-                for c in self.pending
-                if c.incident_id != incident_id or (kind is not None and c.kind != kind)
-            ),
-            maxlen=PENDING_COMMANDS,
-        )
+        self.pending = [
+            c
+            for c in self.pending
+            if c.incident_id != incident_id or (kind is not None and c.kind != kind)
+        ]
 
     def inherit(self, old: Mailbox, now: float) -> None:
         """Take over a replaced session's mailbox: an undelivered dump request
         survives the agent's reconnect, and the old session's streams are woken
         so that they notice they are stale and end."""
         self.pending.extend(c for c in old.pending if c.expires > now)
+        del self.pending[:-PENDING_COMMANDS]
         old.wake()

@@ -14,6 +14,7 @@ agents' mailboxes); callers import those names from those modules.
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -202,7 +203,7 @@ class JobRegistry:
                 agent_id=req.agent_id,
                 host=req.host,
                 session_id=session_id,
-                ranks={ri.rank for ri in req.ranks},
+                ranks=tuple(sorted({ri.rank for ri in req.ranks})),
                 registered=now,
                 last_report=now,
                 agent_version=req.agent_version,
@@ -230,22 +231,25 @@ class JobRegistry:
         if prev is not None and prev.agent_id != req.agent_id:
             other = job.agents.get(prev.agent_id)
             if other is not None:
-                other.ranks.discard(ri.rank)
+                other.ranks = tuple(r for r in other.ranks if r != ri.rank)
         # The same process registered again (its agent restarted, or reconnected
         # after a partition): keep the numbers it last reported, so that its next
         # report is compared with them. Read as a fresh baseline, a rank still
         # stuck where it was would look like progress and resolve a live hang.
         kept_from = prev if prev is not None and prev.pid == ri.pid and ri.pid > 0 else None
+        # The agent's strings, and one copy of each rank's few distinct ones:
+        # a str per rank and field read from the message was 300 B a rank.
+        agent = job.agents[req.agent_id]
         rank = job.ranks[ri.rank] = RankRecord(
             rank=ri.rank,
-            agent_id=req.agent_id,
-            host=req.host,
+            agent_id=agent.agent_id,
+            host=agent.host,
             pid=ri.pid,
             local_rank=ri.local_rank,
             world_size=ri.world_size,
-            backend=ri.backend,
-            torch_version=ri.torch_version,
-            fr_source=ri.fr_source,
+            backend=sys.intern(ri.backend),
+            torch_version=sys.intern(ri.torch_version),
+            fr_source=sys.intern(ri.fr_source),
         )
         if ri.world_size > 0:
             job.world_size = max(job.world_size or 0, ri.world_size)
@@ -257,13 +261,15 @@ class JobRegistry:
                 ranks = group_members(gi)
                 if g is None or g.ranks != ranks or g.desc != gi.desc:
                     # A re-created group (or a fuller view of it) starts its clock again.
-                    job.groups[gi.name] = GroupRecord(
+                    g = job.groups[gi.name] = GroupRecord(
                         name=gi.name, desc=gi.desc, ranks=ranks, last_progress=now, sent_as=sent_as
                     )
                 else:
                     g.sent_as = sent_as
-            kept = kept_from.groups.get(gi.name) if kept_from is not None else None
-            rank.groups[gi.name] = kept if kept is not None else RankGroupRecord(reported_at=now)
+            # Keyed by the group record's own name: every read of a message's
+            # string field makes a new str (~55 B a rank and group, kept).
+            kept = kept_from.groups.get(g.name) if kept_from is not None else None
+            rank.groups[g.name] = kept if kept is not None else RankGroupRecord(reported_at=now)
         if kept_from is not None:
             rank.cpu = kept_from.cpu
 

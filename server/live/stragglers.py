@@ -192,8 +192,9 @@ class StragglerMonitor:
     def register(self, req: pb.RegisterRequest) -> None:
         with self._lock:
             job = self._job(req.job_id)
+            host = req.host  # one str for the node's ranks, not one a rank
             for ri in req.ranks:
-                job.hosts[ri.rank] = req.host
+                job.hosts[ri.rank] = host
             # ProgressColumns.cell_group indexes the agent's newest session's table.
             table = progress_columns.group_table(req.ranks)
             job.group_tables[req.agent_id] = np.array(
