@@ -207,12 +207,16 @@ class JobRegistry:
                 registered=now,
                 last_report=now,
                 agent_version=req.agent_version,
-                group_names=tuple(progress_columns.group_table(req.ranks)),
             )
             job.agents[req.agent_id] = agent
             self._sessions[session_id] = (req.job_id, req.agent_id)
             for ri in req.ranks:
                 self._register_rank(job, req, ri, now, dropped.get(ri.rank))
+            # The group records' own name strings, not the message's copies.
+            agent.group_names = tuple(
+                g.name if (g := job.groups.get(name)) is not None else name
+                for name in progress_columns.group_table(req.ranks)
+            )
             if old is not None:
                 agent.mailbox.inherit(old.mailbox, now)
         return session_id
