@@ -47,7 +47,7 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError as e:
         return _refuse(f"bad setting: {e}")
     configure_logging(conf.job.log_level)
-    from hangwatch.server.runtime import ServerRuntime, StartError, pin_mmap_threshold
+    from hangwatch.server.runtime import ServerRuntime, StartError
 
     with ShutdownSignals("hangwatch server") as stop:
         try:
@@ -55,7 +55,6 @@ def run(ns: argparse.Namespace) -> int:
             info = runtime.start()
         except StartError as e:
             return _refuse(str(e))
-        pin_mmap_threshold()
         print(f"hangwatch server: grpc={info.grpc} http={info.http}", flush=True)
         try:
             return runtime.serve()

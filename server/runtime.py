@@ -12,7 +12,6 @@ in flight, HTTP what is left.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import socket
@@ -33,39 +32,6 @@ log = logging.getLogger("hangwatch.server")
 
 GRPC_GRACE_S: Final = 3.0
 HTTP_GRACE_S: Final = 5.0
-
-# glibc's M_MMAP_THRESHOLD, and the variable glibc reads it from.
-_M_MMAP_THRESHOLD: Final = -3
-MMAP_THRESHOLD_ENV: Final = "MALLOC_MMAP_THRESHOLD_"
-# Blocks this big or bigger are mapped for themselves and unmapped when freed.
-# glibc's own default is the same 128 KiB, but it rises to the size of each
-# mapped block freed (up to 32 MiB): the straggler monitor's per-tick arrays
-# (128 KiB at 4,096 ranks) then come from the heap between long-lived small
-# blocks and leave it fragmented. Pinned, a healthy 4,096-rank job held 5.0-5.7
-# MB free in the heap against 11.3-12.5, and 9.4-10.4 KB of RSS a rank against
-# 10.6-11.5 (docs/benchmarks.md).
-MMAP_THRESHOLD_BYTES: Final = 128 * 1024
-
-
-def pin_mmap_threshold() -> bool:
-    """Pin glibc's mmap threshold for this process (not where the operator set
-    MALLOC_MMAP_THRESHOLD_, nor off glibc); True when this call pinned it."""
-    if os.environ.get(MMAP_THRESHOLD_ENV):
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc (musl has no mallopt): its allocator, its way
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:
-        return False
-    log.info(
-        "malloc: blocks of %d KiB or more mapped apart (%s to choose)",
-        MMAP_THRESHOLD_BYTES // 1024,
-        MMAP_THRESHOLD_ENV,
-    )
-    return True
 
 
 class StartError(Exception):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -86,8 +85,6 @@ def test_serves_grpc_and_http_and_exits_on_sigterm(tmp_path: Path) -> None:
         err = proc.stderr.read() if proc.stderr else ""
         assert code == 0, err
         assert took < 5.0, took
-        if hasattr(ctypes.CDLL(None), "mallinfo2"):  # glibc: the coordinator pins its threshold
-            assert "malloc: blocks of 128 KiB or more mapped apart" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
