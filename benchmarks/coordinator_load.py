@@ -209,6 +209,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
+        # The coordinator with no job yet (imports, threads, pools): what the
+        # per-rank figures below are counted from.
+        out["coordinator_rss_idle_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
         t0 = time.time()
         fleet.start()
         # 4,096 simulated nodes took 145 s to start and register on 2 cores.
@@ -216,6 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fleet_samplers = [CpuSampler(p) for p in fleet.pids]
         out["register_s"] = round(time.time() - t0, 2)
         out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
+        out["coordinator_kb_per_rank_registered"] = _kb_per_rank(out, "registered", args.ranks)
         time.sleep(args.healthy_s)
         t_h = time.time()
         healthy_prof = (
@@ -235,6 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             healthy["cores"] * args.report_interval / args.ranks * 1e6, 1
         )
         out["coordinator_rss_healthy_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
+        out["coordinator_kb_per_rank_healthy"] = _kb_per_rank(out, "healthy", args.ranks)
 
         if args.profile:
             profiler = _py_spy(args.py_spy, pid, args.profile)
@@ -373,6 +378,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["loadavg_1m"] = os.getloadavg()[0]
     out["cpus"] = os.cpu_count()
     return out
+
+
+def _kb_per_rank(out: dict[str, Any], stage: str, ranks: int) -> float:
+    """RSS at `stage` over the idle coordinator's, KB a rank."""
+    grown = out[f"coordinator_rss_{stage}_mb"] - out["coordinator_rss_idle_mb"]
+    return round(grown * 1024 / ranks, 2)
 
 
 def _delta(t: float | None, base: float) -> float | None:
