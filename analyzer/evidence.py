@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -101,73 +99,72 @@ def stalled_for(
 
 def group_progress(scope: Scope, waits: list[Wait]) -> list[GroupProgress]:
     """One row per group in scope; `lagging` is the ranks its waits blame."""
-    comp = scope.tab("coll_comp")
-    enq = scope.tab("coll_enq")
+    standing = _standing(scope.progress.table)
     lag_by_group: dict[str, set[int]] = {}
     for w in waits:
         lag_by_group.setdefault(w.group, set()).update(w.targets)
     out = []
     for name, meta in sorted(scope.groups.items(), key=lambda kv: group_sort_key(kv[0])):
-        c = comp.get(name)
-        e = enq.get(name)
+        lowest, highest, positions = standing.get(name, (-1, -1, []))
         out.append(
             GroupProgress(
                 group=name,
                 group_desc=meta.desc,
                 ranks=list(meta.ranks),
-                min_completed=_extreme(c, np.min),
-                max_enqueued=_extreme(e, np.max),
+                min_completed=lowest,
+                max_enqueued=highest,
                 lagging=sorted(lag_by_group.get(name, set())),
                 membership_known=meta.membership_source != "dumps",
                 membership_source=meta.membership_source,
-                positions=_positions(c, e),
+                positions=positions,
             )
         )
     return out
 
 
-def _extreme(s: pd.Series | None, how: Callable[[np.ndarray], Any]) -> int:
-    """The lowest or highest known seq of one group's column; -1 when none is known."""
-    if s is None:
-        return -1
-    v = s.to_numpy()
-    v = v[~np.isnan(v)]
-    return int(how(v)) if len(v) else -1
+def _standing(table: pd.DataFrame) -> dict[str, tuple[int, int, list[GroupPosition]]]:
+    """Per group of the progress table (one row per (rank, group)): its lowest
+    known completed seq, its highest known enqueued one (-1 where none is
+    known), and its members grouped by (completed, enqueued), furthest behind
+    first, -1 standing for unknown.
 
-
-def _positions(comp: pd.Series | None, enq: pd.Series | None) -> list[GroupPosition]:
-    """Members grouped by (last completed, last enqueued) in one group, furthest behind first.
-
-    On arrays, not per rank: Series lookups per member cost 0.35 s over
-    1,569 groups at 4,096 ranks.
-    """
-    given = [s for s in (comp, enq) if s is not None]
-    if not given:
-        return []
-    ranks = np.unique(np.concatenate([s.index.to_numpy(dtype=np.int64) for s in given]))
-    if not len(ranks):
-        return []
-    c, e = _seqs(comp, ranks), _seqs(enq, ranks)
-    order = np.lexsort((ranks, e, c))
-    ranks, c, e = ranks[order], c[order], e[order]
-    starts = np.flatnonzero(np.r_[True, (c[1:] != c[:-1]) | (e[1:] != e[:-1])])
-    bounds = [*starts.tolist(), len(ranks)]
-    return [
-        GroupPosition(
-            ranks=ranks[lo:hi].tolist(), completed=int(c[lo]), enqueued=max(int(e[lo]), int(c[lo]))
+    Every group in one sort: per-group arrays cost ~0.35 ms a group in numpy
+    calls alone, 1.1 s over 3,105 groups at 8,192 ranks."""
+    if not len(table):
+        return {}
+    codes, names = pd.factorize(table.index.get_level_values("group"), sort=True)
+    ranks = table.index.get_level_values("rank").to_numpy(dtype=np.int64)
+    comp = table["coll_comp"].to_numpy(dtype=np.float64)
+    enq = table["coll_enq"].to_numpy(dtype=np.float64)
+    c = np.where(np.isnan(comp), -1, np.nan_to_num(comp)).astype(np.int64)
+    e = np.where(np.isnan(enq), -1, np.nan_to_num(enq)).astype(np.int64)
+    order = np.lexsort((ranks, e, c, codes))
+    codes, ranks, c, e = codes[order], ranks[order], c[order], e[order]
+    comp, enq = comp[order], enq[order]
+    # Rows of each group (sorted by group first), then runs of one (c, e) in it.
+    firsts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    lowest = np.fmin.reduceat(comp, firsts)  # NaN only where none is known
+    highest = np.fmax.reduceat(enq, firsts)
+    runs = np.flatnonzero(
+        np.r_[True, (codes[1:] != codes[:-1]) | (c[1:] != c[:-1]) | (e[1:] != e[:-1])]
+    )
+    run_bounds = [*runs.tolist(), len(codes)]
+    run_code = codes[runs].tolist()
+    out: dict[str, tuple[int, int, list[GroupPosition]]] = {}
+    for k, (lo, hi) in enumerate(itertools.pairwise(run_bounds)):
+        name = str(names[run_code[k]])
+        entry = out.get(name)
+        if entry is None:
+            g = len(out)
+            entry = out[name] = (
+                -1 if np.isnan(lowest[g]) else int(lowest[g]),
+                -1 if np.isnan(highest[g]) else int(highest[g]),
+                [],
+            )
+        cl, el = int(c[lo]), int(e[lo])
+        entry[2].append(
+            GroupPosition(ranks=ranks[lo:hi].tolist(), completed=cl, enqueued=max(el, cl))
         )
-        for lo, hi in itertools.pairwise(bounds)
-    ]
-
-
-def _seqs(s: pd.Series | None, ranks: np.ndarray) -> np.ndarray:
-    """s's value per rank of `ranks` (sorted), -1 where s has none or NaN."""
-    out = np.full(len(ranks), -1, dtype=np.int64)
-    if s is None:
-        return out
-    v = s.to_numpy()
-    known = ~np.isnan(v)
-    out[np.searchsorted(ranks, s.index.to_numpy(dtype=np.int64)[known])] = v[known].astype(np.int64)
     return out
 
 
