@@ -83,18 +83,34 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
     without completion hooks cannot tell finished from not) and whose every
     member left a dump.
     """
+    import pandas as pd
+
     E = scope.entries
     if not len(E):
         return []
-    blocked = scope.tab("coll_blocked")
-    newest = _newest_ns(scope)
+    # Rows with a collective they are blocked in, per group: a group with
+    # fewer than it has members cannot qualify, and is passed over without
+    # a look at its members (3,105 groups at 8,192 ranks, most blocked in
+    # nothing, cost 0.4 s one by one).
+    seqs = scope.progress.table["coll_blocked"]
+    known = (
+        pd.Series(seqs.notna().to_numpy(), index=seqs.index.get_level_values("group"))
+        .groupby(level=0, sort=False)
+        .sum()
+        .to_dict()
+    )
+    # Split by group and read only once some group qualifies.
+    lazy: tuple[dict[str, pd.Series], dict[int, int]] | None = None
     out: list[Arrival] = []
     for g, meta in scope.groups.items():
-        if g in scope.loaded.completion_unknown_groups or g not in blocked:
+        if g in scope.loaded.completion_unknown_groups or g not in known:
             continue
         members = sorted(meta.ranks)
-        if not members or not set(members) <= scope.dumped:
+        if not members or known[g] < len(set(members)) or not set(members) <= scope.dumped:
             continue
+        if lazy is None:
+            lazy = scope.tab("coll_blocked"), _newest_ns(scope)
+        blocked, newest = lazy
         # Arrays, not reindex: a reindex per group cost 0.1 s over 1,569 groups.
         col = blocked[g]
         mine = np.isin(col.index.to_numpy(), members)
