@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from hangwatch.analyzer.scope import Scope
+from hangwatch.analyzer.scope import ByGroup, Scope
 
 # A rank counts as late when it entered this much after the last of the
 # others, beyond the clock error: ranks leave the previous collective within
@@ -100,7 +100,7 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
         .to_dict()
     )
     # Split by group and read only once some group qualifies.
-    lazy: tuple[dict[str, pd.Series], dict[int, int]] | None = None
+    lazy: tuple[ByGroup, dict[int, int]] | None = None
     out: list[Arrival] = []
     for g, meta in scope.groups.items():
         if g in scope.loaded.completion_unknown_groups or g not in known:
