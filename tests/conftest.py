@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,44 +31,7 @@ def _torch_missing() -> str | None:
     return None
 
 
-# Under pytest-xdist (`-n 2`, the README's command) the suite is two groups,
-# one per worker. Realtime tests run real jobs against real deadlines (stall
-# timeouts of 1-5 s, steps timed on the wall clock): they run one at a time on
-# one worker, as in a plain run. The rest run on the other worker at a lower
-# CPU priority, so that on a 2-core machine they take only the CPU the realtime
-# tests leave idle (a plain run uses 0.75 of one core on average) and never
-# starve a rank or a coordinator racing its deadline: nice 10 weighs 110
-# against 1024 in the kernel's fair scheduler, about a tenth of a contended core.
-_REALTIME_DIRS = ("live", "hardening", "scale", "deploy")
-REALTIME_GROUP = "realtime"
-LIGHT_GROUP = "light"
-LIGHT_NICENESS = 10
-
-
-def _realtime(item: pytest.Item) -> bool:
-    # `realtime`: a test outside those folders that races a real clock (a
-    # database server stopped and started again, a process killed mid-write).
-    if "torch" in item.keywords or "browser" in item.keywords or "realtime" in item.keywords:
-        return True
-    parts = Path(str(item.path)).resolve().relative_to(_HERE).parts
-    return len(parts) > 1 and parts[0] in _REALTIME_DIRS
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    # Once per worker process: the light group's worker never runs a realtime
-    # test, so its priority is lowered once and never raised again.
-    marker = item.get_closest_marker("xdist_group")
-    if marker is None:
-        return
-    if marker.args[0] == LIGHT_GROUP and os.getpriority(os.PRIO_PROCESS, 0) < LIGHT_NICENESS:
-        os.setpriority(os.PRIO_PROCESS, 0, LIGHT_NICENESS)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "numprocesses", None):
-        for item in items:
-            group = REALTIME_GROUP if _realtime(item) else LIGHT_GROUP
-            item.add_marker(pytest.mark.xdist_group(group))
     reason = _torch_missing()
     if reason is None:
         return
