@@ -37,6 +37,14 @@ FULL_TIMEOUT_S = 2.0
 # and retry the Python handler this much later: each timed-out request keeps
 # one worker-server thread waiting for the GIL, so retries must stay rare.
 PYTHON_RETRY_S = 30.0
+# ... except the first two retries after an answer, 2 s and 4 s apart: a rank
+# starved of CPU misses the 0.5 s too (measured: 1 of 3 ranks compiling on one
+# cold inductor cache beside another job, 2 cores), and while the handler is
+# taken for stuck the quiet-period stack sample (quietstack.py) is not asked
+# either, so such a rank read "idle, not in torch.compile" for 30 s, past the
+# coordinator's 20 s start-up grace: a false incident. A rank whose GIL stays
+# held costs at most two more waiting threads than before.
+PYTHON_RETRY_QUICK_S: tuple[float, ...] = (2.0, 4.0)
 # While something stays in flight, refresh entries at most this often.
 ENTRIES_REFRESH_S = 10.0
 # How often to ask torch's c10d_health_check (2.15): a C++ handler, cheap.
@@ -95,6 +103,7 @@ class RankTracker:
     fr_ok_at: float | None = None
     python_ok: bool = True
     python_retry_at: float = 0.0
+    python_failures: int = 0  # status requests timed out since its last answer
     last_entries_fetch: float | None = None
     # Entries were read once the rank had entered a collective (numbering.py's first look).
     looked: bool = False
@@ -431,6 +440,13 @@ class RankTracker:
         return new
 
 
+def python_retry_s(failures: int) -> float:
+    """How long after a status request timed out to ask again, `failures`
+    requests having timed out before it since the rank last answered."""
+    quick = PYTHON_RETRY_QUICK_S
+    return quick[failures] if failures < len(quick) else PYTHON_RETRY_S
+
+
 @dataclass
 class PollResult:
     # New FR entries since the last fetch. The agent does not send them (the
@@ -481,9 +497,11 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
                 endpoint.call(t.socket, hook_protocol.STATUS, timeout=STATUS_TIMEOUT_S)
             )
             t.python_ok = True
+            t.python_failures = 0
         except (TimeoutError, endpoint.EndpointError, ValueError) as e:
             t.python_ok = False
-            t.python_retry_at = now + PYTHON_RETRY_S
+            t.python_retry_at = now + python_retry_s(t.python_failures)
+            t.python_failures += 1
             log.debug("rank %d: status handler failed (%s); using the full dump", t.rank, e)
     if doc:
         # Applied before deciding on entries, so that the first look comes in

@@ -10,6 +10,10 @@ Modes:
            backend waits on <run_dir>/compile.lock as inductor's builds wait on
            its cache's lock; the others wait in the next all_reduce, which all
            ranks finish once the lock is free; then all wait for the stop file
+  gil      all ranks wait for the stop file; each time <run_dir>/hold_gil
+           appears, rank --culprit removes it and holds the GIL for --hold-s
+           seconds in one C call (printing HOLDING before, RELEASED after), as
+           a rank busy in C code, or starved of CPU, leaves its handlers waiting
 Attach modes: call (hangwatch.attach()), thread (forced fallback endpoint), none.
 --backend hwstore: the default group and the pairs run on the asynchronous
 store backend that torch 2.15 records through FlightRecorderHook; the "head"
@@ -45,12 +49,15 @@ def main() -> int:
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--store", required=True)
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--mode", default="healthy", choices=["healthy", "hang", "timeout", "compile"])
+    p.add_argument(
+        "--mode", default="healthy", choices=["healthy", "hang", "timeout", "compile", "gil"]
+    )
     p.add_argument("--attach", default="call", choices=["call", "thread", "none"])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--culprit", type=int, default=1)
     p.add_argument("--pg-timeout", type=float, default=300.0)
     p.add_argument("--interval", type=float, default=0.05)
+    p.add_argument("--hold-s", type=int, default=3)
     p.add_argument("--backend", default="gloo", choices=["gloo", "hwstore", "hwhooks"])
     a = p.parse_args()
 
@@ -96,6 +103,20 @@ def main() -> int:
         dist.all_reduce(t)
         print("COMPILED", flush=True)
         while not os.path.exists(stop):
+            time.sleep(a.interval)
+        return 0
+    if a.mode == "gil":
+        import ctypes
+
+        # PyDLL: the call keeps the GIL (CDLL's would release it).
+        libc_sleep = ctypes.PyDLL(None).sleep
+        hold = os.path.join(a.run_dir, "hold_gil")
+        while not os.path.exists(stop):
+            if a.rank == a.culprit and os.path.exists(hold):
+                os.remove(hold)
+                print("HOLDING", flush=True)
+                libc_sleep(a.hold_s)
+                print("RELEASED", flush=True)
             time.sleep(a.interval)
         return 0
     if a.mode == "healthy" or a.rank == a.culprit:
