@@ -233,10 +233,13 @@ def find_job_quiet(
     quiet_for_s: float,
     stall_timeout: float,
     bound_s: float | None = None,
+    compile_running: bool = False,
 ) -> JobQuiet | None:
     """The no-progress pattern over a whole job, or None. Unlike a group stall
     it is returned only once over its threshold: there is nothing to watch grow.
-    `bound_s` None leaves only the rhythm rule."""
+    `bound_s` None leaves only the rhythm rule. `compile_running`: some rank is
+    inside torch.compile and itself working (on a CPU, on storage, or with a
+    compiler process under it)."""
     if not ranks:
         return None
     rhythm = quiet_threshold(stall_timeout, longest_gap_s)
@@ -253,6 +256,15 @@ def find_job_quiet(
     busy = sorted(r.rank for r in ranks if r.busy)
     if not by_rhythm and not idle:
         return None  # every rank is working: a compile, a checkpoint, not a hang
+    if not by_rhythm and compile_running:
+        # With no collective in flight, the idle ranks wait on that compile: a
+        # pipeline stage that compiled first waits in send/recv (which no
+        # counter shows) for the next stage's (measured live, 3 stages on one
+        # cold cache: stage 0 done at 21.0 s, stage 1 at 24.0 s, past a 20 s
+        # bound, and paged). The bound waits for the compile; once nobody
+        # works inside torch.compile it pages within a window. The rhythm rule
+        # (a job that ran steps) is not suspended.
+        return None
     return JobQuiet(
         quiet_for_s=quiet_for_s,
         threshold_s=rhythm if by_rhythm else float(bound_s or 0.0),

@@ -307,4 +307,8 @@ def scan_quiet(
         quiet_for_s=quiet_for,
         stall_timeout=stall_timeout,
         bound_s=bound_s,
+        compile_running=any(
+            r.in_compile and (working(r, stall_timeout) or r.compiler_running)
+            for r in job.ranks.values()
+        ),
     )

@@ -156,7 +156,9 @@ def test_a_torch_compile_on_a_shared_cache_is_work_not_a_hang(tmp_path: Path) ->
     first step, all on one cold cache: 26-49 s here, past the 20 s bound, with
     no counter moving. The stage building holds the cache's lock, its compiler
     on a CPU; the others wait for it, idle, which their agent's stack sample
-    reads as torch.compile. No incident; the job ends.
+    reads as torch.compile; a stage done first waits in send for the next one's
+    compile (21.0 s against 24.0 s in one run), which the coordinator takes as
+    waiting on that compile. No incident; the job ends.
 
     The bound is the start-up grace, 20 s, not 3 stall timeouts (9 s): in the
     first seconds every stage hashes torch's source tree (inductor's

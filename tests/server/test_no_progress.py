@@ -206,6 +206,36 @@ def test_ranks_waiting_on_a_shared_compile_are_work_while_it_runs(env: Env) -> N
 
 
 @pytest.mark.timeout(20)
+def test_a_stage_done_compiling_waits_for_the_next_stages_compile(env: Env) -> None:
+    """Pipeline stages compile at their own pace: rank 0 is done and waits,
+    idle, in a send that no counter shows, for stages 1-3, inside
+    torch.compile and on a CPU. Not paged past the bound while they work; a
+    compile whose ranks are idle (waiting on a lock nobody works under) is no
+    excuse; and once the compiles end with nothing moving, paged within a
+    window."""
+    compiling = frozenset({1, 2, 3})
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(3 * BOUND), 0, {1, 2, 3}, in_compile=compiling)
+    assert env.store.list_incidents() == []
+    _working(env, int(2 * STALL), 0, set(), in_compile=compiling)
+    row = env.only_incident()
+    assert "ranks 0-3 idle" in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
+def test_a_busy_rank_outside_torch_compile_is_no_compile_to_wait_on(env: Env) -> None:
+    """Rank 2 inside torch.compile but idle, rank 1 spinning outside it (a busy
+    culprit), rank 0 idle: no compile is running, and past the bound rank 0 is
+    paged (rank 2 counts as waiting on work, as ranks sharing a cache do)."""
+    env.a.report({0: (0, 0), 1: (0, 0)})
+    env.b.report({2: (0, 0), 3: (0, 0)})
+    _working(env, int(BOUND) + 1, 0, {1, 3}, in_compile=frozenset({2}))
+    row = env.only_incident()
+    assert "ranks 0 idle, ranks 1-3 busy" in row.reason, row.reason
+
+
+@pytest.mark.timeout(20)
 def test_a_compiler_running_under_a_rank_is_work_whatever_its_cpu(env: Env) -> None:
     """Measured in a loaded test run: rank 0 ran g++ for inductor and read
     0.009 cores over 3 s (the compile took 49 s, not 26), ranks 1-2 waited on
