@@ -93,12 +93,21 @@ def late_hint(info: dict[str, Any]) -> list[int]:
 
 
 def waits_on(info: dict[str, Any]) -> list[tuple[str, int, list[int]]]:
-    """A stall trigger's stalled collectives, each with the ranks not entered in it."""
-    return [
+    """What the job must get past for a new symptom to be a new incident
+    (JobRegistry.moved_past): a stall trigger's stalled collectives, each with
+    the ranks not entered in it; a crash trigger's dead rank, with no group
+    ("": alive and observed again, which takes a restart). Without the
+    crash's, the survivors' failed collective, which gloo counts completed,
+    was the job moving on, and their own "connection closed by peer" crash a
+    moment later opened a second incident (seen live in a full test run)."""
+    waits = [
         (str(s["group"]), int(s["seq"]), [int(r) for r in s["not_entered_ranks"]])
         for s in info.get("stalled") or []
         if s.get("not_entered_ranks")
     ]
+    if info.get("kind") == TriggerKind.CRASH and int(info.get("rank", -1)) >= 0:
+        waits.append(("", 0, [int(info["rank"])]))
+    return waits
 
 
 def step(w: Watch, *, registry: JobRegistry, store: IncidentStore, metrics: Metrics) -> bool:

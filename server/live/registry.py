@@ -561,7 +561,7 @@ class JobRegistry:
         """Has the job moved on past an incident opened at coordinator time
         `since`: a rank completed a collective after it, and every rank its
         stall waited on (`waits`: group, seq, ranks) is observed, alive and has
-        entered collective seq of its group? Counters that move as a job dies
+        entered collective seq of its group (group "": alive and observed)? Counters that move as a job dies
         are no recovery: a stopped job's survivors fail the collective they
         waited in, gloo counts it completed, and the lost connection crashes
         them (live, that resolved a hang a moment before the crash opened a
@@ -573,10 +573,12 @@ class JobRegistry:
             for group, seq, ranks in waits:
                 for rank in ranks:
                     r = job.ranks.get(rank)
-                    rg = r.groups.get(group) if r is not None else None
-                    if r is None or rg is None or not job.observed(r):
+                    if r is None or not job.observed(r) or r.process_state in EXITED_PROCESS_STATES:
                         return False
-                    if r.process_state in EXITED_PROCESS_STATES or rg.counts()[0] < seq:
+                    if not group:
+                        continue  # a crashed rank: alive again is all it takes
+                    rg = r.groups.get(group)
+                    if rg is None or rg.counts()[0] < seq:
                         return False
             return True
 

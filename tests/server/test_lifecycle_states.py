@@ -313,6 +313,35 @@ def test_a_crash_opens_a_crash_incident_with_the_exception_and_dumps_the_survivo
 
 
 @pytest.mark.timeout(20)
+def test_survivors_that_fail_their_collective_and_crash_are_the_same_crash(env: Env) -> None:
+    """Rank 1 dies; gloo fails the survivors' all_reduce #10 when its socket
+    closes and counts it completed, so their numbers move; then they crash of
+    "connection closed by peer". The job did not move on: a rank it waits on
+    is dead. One incident, not two (seen live in a full test run)."""
+    env.a.report({0: (9, 9), 1: (9, 9)})
+    env.b.report({2: (9, 9), 3: (9, 9)})
+    env.clock.advance(1)
+    first = _event(
+        env, "a", pb.EVENT_KIND_RANK_CRASHED, 1, f"process gone; uncaught exception: {EXC}"
+    )
+    env.a.report({0: (10, 9)})
+    env.b.report({2: (10, 9), 3: (10, 9)})
+    _answer_all(env, first)
+    env.clock.advance(0.5)
+    env.a.report({0: (10, 10)})
+    env.b.report({2: (10, 10), 3: (10, 10)})
+    env.manager.tick()
+    closed = "RuntimeError: Connection closed by peer [127.0.0.1]:37608"
+    assert (
+        _event(
+            env, "a", pb.EVENT_KIND_RANK_CRASHED, 0, f"process gone; uncaught exception: {closed}"
+        )
+        == first
+    )
+    assert [r.id for r in env.store.list_incidents(job_id=JOB)] == [first]
+
+
+@pytest.mark.timeout(20)
 def test_a_normal_exit_of_every_rank_opens_no_incident(env: Env) -> None:
     env.a.report({0: (20, 20), 1: (20, 20)})
     env.b.report({2: (20, 20), 3: (20, 19)})  # rank 3's last report still in flight
