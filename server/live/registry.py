@@ -561,7 +561,8 @@ class JobRegistry:
         """Has the job moved on past an incident opened at coordinator time
         `since`: a rank completed a collective after it, and every rank its
         stall waited on (`waits`: group, seq, ranks) is observed, alive and has
-        entered collective seq of its group (group "": alive and observed)? Counters that move as a job dies
+        entered collective seq of its group (group "": alive and observed,
+        a crashed rank)? Counters that move as a job dies
         are no recovery: a stopped job's survivors fail the collective they
         waited in, gloo counts it completed, and the lost connection crashes
         them (live, that resolved a hang a moment before the crash opened a
