@@ -129,6 +129,16 @@ class ByGroup(Mapping[str, pd.Series]):
         }
         self._cut: dict[str, pd.Series] = {}
 
+    def known(self) -> dict[str, int]:
+        """group -> how many of its rows hold a value (not NaN), in one pass
+        over the sorted column, no group's Series cut."""
+        if not self._rows:
+            return {}
+        isna = np.isnan(self._whole.to_numpy(dtype=np.float64))
+        starts = np.fromiter((lo for lo, _ in self._rows.values()), np.int64, len(self._rows))
+        counts = np.add.reduceat(~isna, starts).tolist()
+        return dict(zip(self._rows, counts, strict=True))
+
     def __getitem__(self, group: str) -> pd.Series:
         s = self._cut.get(group)
         if s is None:

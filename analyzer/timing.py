@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from hangwatch.analyzer.scope import ByGroup, Scope
+from hangwatch.analyzer.scope import Scope
 
 # A rank counts as late when it entered this much after the last of the
 # others, beyond the clock error: ranks leave the previous collective within
@@ -83,8 +83,6 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
     without completion hooks cannot tell finished from not) and whose every
     member left a dump.
     """
-    import pandas as pd
-
     E = scope.entries
     if not len(E):
         return []
@@ -92,15 +90,9 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
     # fewer than it has members cannot qualify, and is passed over without
     # a look at its members (3,105 groups at 8,192 ranks, most blocked in
     # nothing, cost 0.4 s one by one).
-    seqs = scope.progress.table["coll_blocked"]
-    known = (
-        pd.Series(seqs.notna().to_numpy(), index=seqs.index.get_level_values("group"))
-        .groupby(level=0, sort=False)
-        .sum()
-        .to_dict()
-    )
-    # Split by group and read only once some group qualifies.
-    lazy: tuple[ByGroup, dict[int, int]] | None = None
+    blocked = scope.tab("coll_blocked")
+    known = blocked.known()
+    newest: dict[int, int] | None = None  # read once some group qualifies
     out: list[Arrival] = []
     for g, meta in scope.groups.items():
         if g in scope.loaded.completion_unknown_groups or g not in known:
@@ -108,9 +100,8 @@ def entered_none_finished(scope: Scope) -> list[Arrival]:
         members = sorted(meta.ranks)
         if not members or known[g] < len(set(members)) or not set(members) <= scope.dumped:
             continue
-        if lazy is None:
-            lazy = scope.tab("coll_blocked"), _newest_ns(scope)
-        blocked, newest = lazy
+        if newest is None:
+            newest = _newest_ns(scope)
         # Arrays, not reindex: a reindex per group cost 0.1 s over 1,569 groups.
         col = blocked[g]
         mine = np.isin(col.index.to_numpy(), members)
