@@ -30,12 +30,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.simagents.coordinator import proc_status_kb
 
 METHOD = "/connmem.ConnMem/Echo"
 VARIANTS: dict[str, list[tuple[str, int]]] = {
@@ -62,14 +68,6 @@ CLIENT_OPTIONS = [
 SETTLE_S = 2.0
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
 async def _serve(variant: str, conns: int) -> dict[str, Any]:
     """One server process: its RSS growth per connection of one client process."""
     server = grpc.aio.server(options=VARIANTS[variant])
@@ -84,7 +82,7 @@ async def _serve(variant: str, conns: int) -> dict[str, Any]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     await asyncio.sleep(0.5)  # the server's own threads and pools, before any client
-    before = _rss_kb()
+    before = proc_status_kb(os.getpid(), "VmRSS")
     client = subprocess.Popen(
         [sys.executable, __file__, "--client", str(port), "--conns", str(conns)],
         stdin=subprocess.PIPE,
@@ -96,7 +94,7 @@ async def _serve(variant: str, conns: int) -> dict[str, Any]:
         if line.strip() != b"open":
             raise RuntimeError(f"client failed: {line!r}")
         await asyncio.sleep(SETTLE_S)
-        after = _rss_kb()
+        after = proc_status_kb(os.getpid(), "VmRSS")
     finally:
         client.stdin.close()
         client.wait(30)
