@@ -10,7 +10,7 @@ from hangwatch.analyzer.stackdiag import classify
 from hangwatch.analyzer.text import stack_excerpt
 
 from hangwatch.formats import RankMeta
-from hangwatch.stacktext import reading_order
+from hangwatch.stacktext import parse_threads, reading_order
 
 # `python -m train`: the main thread's outermost frame is runpy's; a helper
 # thread is deep in an import (more frames, and `<module>` frames inside).
@@ -148,3 +148,33 @@ def test_the_page_shows_the_thread_that_matters_first_and_loses_nothing() -> Non
     assert order.user_frame == "_stall_outside_collectives (job.py:246)"
     # Text with no thread in it comes back as it was.
     assert reading_order("<no Python frame>\n").shown == "<no Python frame>\n"
+
+
+# Sampled from a 2-rank gloo DDP job on torch 2.13 (paths shortened):
+# DistributedDataParallel's constructor imports torch._dynamo.
+DDP_IMPORTS_DYNAMO = """Current thread 0x00007fd38c438b80 (most recent call first):
+  File "<frozen importlib._bootstrap_external>", line 1131 in get_data
+  File "<frozen importlib._bootstrap>", line 1176 in _find_and_load
+  File "/site/torch/_dynamo/symbolic_convert.py", line 56 in <module>
+  File "<frozen importlib._bootstrap>", line 1176 in _find_and_load
+  File "/site/torch/_dynamo/convert_frame.py", line 62 in <module>
+  File "/site/torch/_dynamo/aot_compile.py", line 17 in <module>
+  File "/site/torch/_dynamo/__init__.py", line 13 in <module>
+  File "/usr/lib/python3.11/importlib/__init__.py", line 126 in import_module
+  File "/site/torch/__init__.py", line 2954 in __getattr__
+  File "/site/torch/nn/parallel/distributed.py", line 842 in __init__
+  File "/repo/train.py", line 90 in main
+"""
+
+
+def test_importing_torch_compile_modules_is_not_compiling() -> None:
+    (imports,) = parse_threads(DDP_IMPORTS_DYNAMO)
+    assert not imports.in_torch_compile
+    # The same imports under a compile that runs: compiling.
+    compiling = DDP_IMPORTS_DYNAMO.replace(
+        '  File "/usr/lib/python3.11/importlib/__init__.py"',
+        '  File "/site/torch/_dynamo/convert_frame.py", line 1400 in _compile\n'
+        '  File "/usr/lib/python3.11/importlib/__init__.py"',
+    )
+    (compile_thread,) = parse_threads(compiling)
+    assert compile_thread.in_torch_compile
