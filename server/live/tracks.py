@@ -57,12 +57,19 @@ _FIRST_GROUPS: Final = 8
 _VALUE_BITS: Final = 40
 
 
-def _grown(a: np.ndarray, n: int, fill: float | int = 0) -> np.ndarray:
-    """`a` with room for at least `n` rows (doubling), new rows `fill`."""
+def _grown(a: np.ndarray, n: int, used: int | None = None) -> np.ndarray:
+    """`a` with room for at least `n` rows (doubling), its first `used` rows
+    (all by default) kept. The room is zeros from calloc, and only the kept
+    rows are copied: a large array is mapped fresh, so the rows not yet used
+    cost no memory until they are written. Filled as np.full fills, the
+    doubling's spare rows were resident: at 4,096 ranks in 5 groups (32,768
+    rows held for 20,480, added 8 ranks at a time) the tracks' RSS was 3.56
+    KB a rank after three pushes, 2.99-3.32 with this (in process, 3 runs)."""
     if len(a) >= n:
         return a
-    out = np.full((max(n, 2 * len(a)), *a.shape[1:]), fill, dtype=a.dtype)
-    out[: len(a)] = a
+    keep = len(a) if used is None else used
+    out = np.zeros((max(n, 2 * len(a)), *a.shape[1:]), dtype=a.dtype)
+    out[:keep] = a[:keep]
     return out
 
 
@@ -123,7 +130,10 @@ class Tracks:
         start, end = self.n_rows, self.n_rows + len(keys)
         for name, value in vars(self).items():
             if isinstance(value, np.ndarray) and name not in ("keys", "rows"):
-                setattr(self, name, _grown(value, end, self._FILLS.get(name, 0)))
+                grown = _grown(value, end, start)
+                if name in self._FILLS:
+                    grown[start:end] = self._FILLS[name]
+                setattr(self, name, grown)
         self.gid[start:end] = keys >> 32
         self.rank[start:end] = keys & 0xFFFFFFFF
         self.n_rows = end

@@ -208,6 +208,34 @@ def test_window_counts_kept_as_pushes_come_and_go_equal_a_recount() -> None:
             assert tracks.episodes[r] == runs
 
 
+@pytest.mark.timeout(30)
+def test_rows_added_in_batches_keep_their_state_and_new_rows_start_empty() -> None:
+    """Growing copies only the rows in use into zeroed room: every row added
+    before keeps its numbers and its ring, every new one starts unflagged and
+    never read (the fills), across growths past the first capacity."""
+    tracks = Tracks()
+    first = tracks.find(np.zeros(40, np.int64), np.arange(40))
+    ones = np.ones(40)
+    for _ in range(3):
+        tracks.push(first, ones, ones / 10, np.full(40, np.nan), np.full(40, 1000))
+    tracks.last_tick[first] = 7
+    tracks.flagged_at[first[:5]] = 12.5
+    ring = tracks.ring[first].copy()
+    for batch in range(1, 6):  # 40 + 5 x 300 rows: grown 64 -> 128 -> ... -> 2,048
+        new = tracks.find(np.full(300, batch, np.int64), np.arange(300))
+        assert len(tracks.gid) >= tracks.n_rows == 40 + 300 * batch
+        assert (tracks.last_tick[new] < -(1 << 61)).all()  # never read: no tick
+        assert np.isnan(tracks.flagged_at[new]).all() and (tracks.n[new] == 0).all()
+        assert (tracks.gid[new] == batch).all() and (tracks.rank[new] == np.arange(300)).all()
+    assert (tracks.find(np.zeros(40, np.int64), np.arange(40)) == first).all()
+    assert (tracks.n[first] == 3).all() and (tracks.behind[first] == 3).all()
+    assert (tracks.last_tick[first] == 7).all() and (tracks.ring[first] == ring).all()
+    assert (tracks.flagged_at[first[:5]] == 12.5).all() and np.isnan(
+        tracks.flagged_at[first[5:]]
+    ).all()
+    assert not (tracks.last_tick[40 : tracks.n_rows] == 7).any()
+
+
 def test_a_rank_in_two_groups_is_named_in_each_and_scored_against_its_own_peers() -> None:
     """Every rank sits in the world group and a 4-rank group that counts three
     collectives to the world's one; rank 6 is slow. It is named in both of
