@@ -63,8 +63,8 @@ def _grown(a: np.ndarray, n: int, used: int | None = None) -> np.ndarray:
     rows are copied: a large array is mapped fresh, so the rows not yet used
     cost no memory until they are written. Filled as np.full fills, the
     doubling's spare rows were resident: at 4,096 ranks in 5 groups (32,768
-    rows held for 20,480, added 8 ranks at a time) the tracks' RSS was 3.56
-    KB a rank after three pushes, 2.99-3.32 with this (in process, 3 runs)."""
+    rows held for 20,480) the tracks' RSS was 3.48 KB a rank, 2.95-3.09 with
+    this (benchmarks/tracks_memory.py)."""
     if len(a) >= n:
         return a
     keep = len(a) if used is None else used

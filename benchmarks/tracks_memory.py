@@ -1,0 +1,118 @@
+"""What the straggler monitor's tracks cost the coordinator's memory a rank.
+
+    python benchmarks/tracks_memory.py --ranks 4096 --groups 5 --rounds 5
+
+`server.live.tracks.Tracks` keeps one row of arrays per (group, rank) of a
+job. Rows are added as a tick first reads them: while a job registers, a
+few agents (8 ranks each) at a time. Each round is a fresh process that adds
+`--ranks` x `--groups` rows `--batch` ranks at a time, then pushes every row
+three times, as three scored ticks do, and reads its own RSS growth (what
+the coordinator's "memory per rank" counts).
+
+The anchor is what the rows hold: the arrays' bytes a row times the rows,
+nothing spare. RSS is printed as a ratio to it (1.0: no spare room, no
+freed copies left resident). Medians over `--rounds` processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+ROUND = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+from hangwatch.server.live.tracks import Tracks
+
+def rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+ranks, groups, batch = {ranks}, {groups}, {batch}
+t = Tracks()
+before = rss_kb()
+for first in range(0, ranks, batch):
+    rank = np.repeat(np.arange(first, min(first + batch, ranks)), groups)
+    gid = np.tile(np.arange(groups), len(rank) // groups)
+    t.find(gid.astype(np.int32), rank.astype(np.int64))
+registered = rss_kb()
+rows = np.arange(t.n_rows)
+zero = np.zeros(t.n_rows)
+for _ in range(3):
+    t.push(rows, zero, zero, np.full(t.n_rows, np.nan), np.zeros(t.n_rows, np.int64))
+pushed = rss_kb()
+row_bytes = sum(
+    v.itemsize * (v.size // len(v))
+    for k, v in vars(t).items()
+    if isinstance(v, np.ndarray) and k not in ("keys", "rows")
+) + t.keys.itemsize + t.rows.itemsize
+print(json.dumps({{
+    "rows": t.n_rows, "capacity": len(t.gid), "row_bytes": row_bytes,
+    "registered_kb": registered - before, "pushed_kb": pushed - before,
+}}))
+"""
+
+
+def one_round(ranks: int, groups: int, batch: int) -> dict[str, int]:
+    code = ROUND.format(repo=str(REPO), ranks=ranks, groups=groups, batch=batch)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
+    )
+    result: dict[str, int] = json.loads(out.stdout)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=4096)
+    p.add_argument("--groups", type=int, default=5, help="groups a rank is in")
+    p.add_argument("--batch", type=int, default=8, help="ranks whose rows are added at once")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    runs = [one_round(args.ranks, args.groups, args.batch) for _ in range(args.rounds)]
+    first = runs[0]
+    anchor_kb = first["rows"] * first["row_bytes"] / 1024
+    reg = statistics.median(r["registered_kb"] for r in runs)
+    pushed = statistics.median(r["pushed_kb"] for r in runs)
+    out = {
+        "ranks": args.ranks,
+        "groups": args.groups,
+        "batch": args.batch,
+        "rows": first["rows"],
+        "capacity": first["capacity"],
+        "row_bytes": first["row_bytes"],
+        "anchor_kb_per_rank": round(anchor_kb / args.ranks, 3),
+        "registered_kb_per_rank": round(reg / args.ranks, 3),
+        "pushed_kb_per_rank": round(pushed / args.ranks, 3),
+        "registered_ratio": round(reg / anchor_kb, 2),
+        "pushed_ratio": round(pushed / anchor_kb, 2),
+        "pushed_kb_per_rank_each": [round(r["pushed_kb"] / args.ranks, 3) for r in runs],
+    }
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(
+        f"{args.ranks} ranks x {args.groups} groups, rows added {args.batch} ranks at a time: "
+        f"{out['rows']} rows in room for {out['capacity']}, {out['row_bytes']} B a row"
+    )
+    print(f"  anchor (the rows' bytes)     {out['anchor_kb_per_rank']:.2f} KB a rank")
+    print(
+        f"  RSS, rows added              {out['registered_kb_per_rank']:.2f} KB a rank "
+        f"({out['registered_ratio']:.2f}x)"
+    )
+    print(
+        f"  RSS, after 3 pushes          {out['pushed_kb_per_rank']:.2f} KB a rank "
+        f"({out['pushed_ratio']:.2f}x)  each round: {out['pushed_kb_per_rank_each']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
