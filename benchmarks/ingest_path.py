@@ -135,11 +135,16 @@ def live_bytes_per_rank(ranks: int, form: str) -> float:
     return held / ranks
 
 
-def _measure_stragglers(ranks: int, ticks: int) -> dict[str, float]:
+def _measure_stragglers(ranks: int, ticks: int) -> tuple[dict[str, float], dict[str, float]]:
     """The straggler monitor's share of the same reports, columns form: filing
     them (`observe`, in the gRPC handler) and scoring a tick (its own thread,
     the same GIL), each agent reading on the 1 s grid with a synced clock as a
-    real agent does. µs per rank report, and per rank per scored tick."""
+    real agent does. µs per rank report, and per rank per scored tick.
+
+    And a tick's working set, bytes a rank: tracemalloc's peak over
+    `score_ready` less what was held before it, over two more ticks traced
+    after the timed ones (their tracks: benchmarks/tracks_memory.py). The heap
+    keeps what a tick needs every second, so it is in a running coordinator's RSS."""
     now = [0]  # the monitor's clock, ns: set for each tick below
     monitor = StragglerMonitor(tick_s=1.0, clock_ns=lambda: now[0])
 
@@ -171,8 +176,25 @@ def _measure_stragglers(ranks: int, ticks: int) -> dict[str, float]:
         if k >= first + 2:  # scoring starts once ticks close (CLOSE_AFTER_TICKS)
             observe.append((t1 - t0) / ranks * 1e6)
             score.append((t2 - t1) / ranks * 1e6)
+    peaks = []
+    tracemalloc.start()
+    try:
+        for k in range(first + ticks + 2, first + ticks + 4):
+            at = pollgrid.instant_ns(k, 1_000_000_000)
+            now[0] = at + 50_000_000
+            for a in fleet.agents:
+                r = a.as_sent(a.progress_report(at / 1e9, status_at_ns=at))
+                monitor.observe(r, validate.progress_report(r))
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            monitor.score_ready()
+            peaks.append(tracemalloc.get_traced_memory()[1] - held)
+    finally:
+        tracemalloc.stop()
     fleet.close()
-    return {"observe": statistics.median(observe), "score_tick": statistics.median(score)}
+    timing = {"observe": statistics.median(observe), "score_tick": statistics.median(score)}
+    return timing, {"tick_working_set": max(peaks) / ranks}
 
 
 def measure(ranks: int, rounds: int) -> dict[str, Any]:
@@ -195,10 +217,11 @@ def measure(ranks: int, rounds: int) -> dict[str, Any]:
     out["columns_over_messages"] = (
         out["columns"]["total_us_per_rank_report"] / out["messages"]["total_us_per_rank_report"]
     )
-    st = _measure_stragglers(ranks, max(4, rounds))
+    st, held = _measure_stragglers(ranks, max(4, rounds))
     out["stragglers"] = {
         "us_per_rank": st,
         "ratio_to_anchor": {k: v * RANKS_PER_AGENT / anchor for k, v in st.items()},
+        "bytes_per_rank": held,
     }
     return out
 
@@ -239,6 +262,8 @@ def main() -> int:
         f"  score a tick     {st['us_per_rank']['score_tick']:7.2f} µs/rank"
         f" {st['ratio_to_anchor']['score_tick']:6.2f}x anchor (per report)"
     )
+    held = st["bytes_per_rank"]
+    print(f"  a tick's working set {held['tick_working_set']:.0f} bytes per rank")
     return 0
 
 
