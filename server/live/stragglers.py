@@ -374,6 +374,9 @@ class StragglerMonitor:
             last = len(rows) - 1 - np.unique(rows[::-1], return_index=True)[1]
             rows, pick = rows[last], pick[last]
         at, enq, started, err = at[pick], enq[pick], started[pick], err[pick]
+        # A tick's arrays are its working set, which the heap keeps resident
+        # between ticks: what is done with is dropped (benchmarks/ingest_path.py).
+        del seq, rank, keep, pick
         cells.last_tick[rows] = tick
         cells.last_enq[rows] = enq
         cells.last_started[rows] = started
@@ -393,6 +396,7 @@ class StragglerMonitor:
         at_f, enq_f = at.astype(np.float64), enq.astype(np.float64)
         ref_at = group_medians_int(gid, at, count)
         med = group_medians_int(gid, enq, count)
+        del at, enq
         # Groups with two readings or more: the rate over RATE_TICKS scored
         # ticks (steps longer than a tick still give a rate, not a run of zeros).
         active = np.flatnonzero(count >= 2)
@@ -418,9 +422,11 @@ class StragglerMonitor:
         gap = group_medians(gid, adj, count)[gid] - adj
         with_started = np.bincount(gid, weights=started < 0, minlength=n_groups) == 0
         sadj = started.astype(np.float64) - shift
+        del at_f, enq_f, shift, adj, started
         started_gap = np.where(
             with_started[gid], group_medians(gid, sadj, count)[gid] - sadj, np.nan
         )
+        del sadj
         cells.push(rows, gap, gap / g_rate, started_gap, err)
         return self._decide(job, is_scored)
 
