@@ -162,7 +162,9 @@ def _measure_stragglers(ranks: int, ticks: int) -> tuple[dict[str, float], dict[
     first = time.time_ns() // 1_000_000_000
     observe: list[float] = []
     score: list[float] = []
-    for k in range(first, first + ticks + 2):
+
+    def file_tick(k: int) -> float:
+        """Every agent's report for tick `k` filed; returns the seconds `observe` took."""
         at = pollgrid.instant_ns(k, 1_000_000_000)
         now[0] = at + 50_000_000  # the reports arrive 50 ms after the instant
         reports = [a.as_sent(a.progress_report(at / 1e9, status_at_ns=at)) for a in fleet.agents]
@@ -170,21 +172,21 @@ def _measure_stragglers(ranks: int, ticks: int) -> tuple[dict[str, float], dict[
         t0 = time.perf_counter()
         for r, c in zip(reports, checked, strict=True):
             monitor.observe(r, c)
+        return time.perf_counter() - t0
+
+    for k in range(first, first + ticks + 2):
+        filed_s = file_tick(k)
         t1 = time.perf_counter()
         monitor.score_ready()
         t2 = time.perf_counter()
         if k >= first + 2:  # scoring starts once ticks close (CLOSE_AFTER_TICKS)
-            observe.append((t1 - t0) / ranks * 1e6)
+            observe.append(filed_s / ranks * 1e6)
             score.append((t2 - t1) / ranks * 1e6)
     peaks = []
     tracemalloc.start()
     try:
         for k in range(first + ticks + 2, first + ticks + 4):
-            at = pollgrid.instant_ns(k, 1_000_000_000)
-            now[0] = at + 50_000_000
-            for a in fleet.agents:
-                r = a.as_sent(a.progress_report(at / 1e9, status_at_ns=at))
-                monitor.observe(r, validate.progress_report(r))
+            file_tick(k)
             gc.collect()
             held = tracemalloc.get_traced_memory()[0]
             tracemalloc.reset_peak()

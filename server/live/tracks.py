@@ -83,7 +83,7 @@ class Tracks:
         c = _FIRST_CELLS
         self.gid = np.zeros(c, np.int32)
         self.rank = np.zeros(c, np.int64)
-        self.last_tick = np.full(c, _NO_TICK, np.int64)
+        self.last_tick = np.zeros(c, np.int64)  # _FILLS: set as rows are added
         self.last_enq = np.zeros(c, np.int64)
         self.last_started = np.zeros(c, np.int64)
         self.last_err = np.zeros(c, np.int64)
@@ -91,7 +91,7 @@ class Tracks:
         self.cusum = np.zeros(c, np.float64)
         self.late_s = np.zeros(c, np.float64)  # exponential mean over ~LATE_TICKS
         self.err_s = np.zeros(c, np.float64)  # its agent's latest clock error bound
-        self.flagged_at = np.full(c, np.nan, np.float64)
+        self.flagged_at = np.zeros(c, np.float64)
         # Counts over the window (WINDOW_TICKS pushes), kept as pushes enter and leave it.
         self.behind = np.zeros(c, np.int16)
         self.ahead = np.zeros(c, np.int16)
