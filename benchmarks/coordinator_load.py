@@ -16,8 +16,10 @@ Starts `hangwatch server` as its own process (temp data dir, ports 0), then:
    them (a second job of the same shape) to measure ingest capacity, with
    the stalled job still connected.
 
-Coordinator CPU comes from /proc/<pid>/stat (utime+stime), sampled every
-0.2 s; peak RSS is VmHWM from /proc/<pid>/status. Prints one JSON object
+Coordinator CPU comes from /proc/<pid>/stat (utime+stime) and its RSS from
+/proc/<pid>/status, both sampled every 0.2 s: the healthy job's RSS is the
+median over its measuring window, `--settle-s` after registration; peak RSS
+is VmHWM. Prints one JSON object
 (`--json`) or a short table. Exits 1 if the verdict is wrong or a rank is not
 accounted for.
 """
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,11 +79,13 @@ ANALYSED_RE = re.compile(r"incident (\S+) analysed in ([0-9.]+)s")
 
 
 class CpuSampler:
-    """(wall time, process CPU seconds) every `period` s, so any window's CPU can be read."""
+    """(wall time, process CPU seconds, RSS) every `period` s, so any window's
+    CPU and memory can be read."""
 
     def __init__(self, pid: int, period: float = 0.2) -> None:
         self.pid = pid
-        self.samples: list[tuple[float, float, float]] = []  # (wall, cpu, of which kernel)
+        # (wall, cpu, of which kernel, RSS in kB)
+        self.samples: list[tuple[float, float, float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
         self._thread.start()
@@ -88,9 +93,15 @@ class CpuSampler:
     def _run(self, period: float) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.time(), proc_cpu_s(self.pid), _sys_s(self.pid)))
-            except OSError:
+                sample = (
+                    time.time(),
+                    proc_cpu_s(self.pid),
+                    _sys_s(self.pid),
+                    proc_status_kb(self.pid, "VmRSS"),
+                )
+            except (OSError, KeyError):  # gone, or a zombie without VmRSS
                 return
+            self.samples.append(sample)
             self._stop.wait(period)
 
     def window(self, t0: float, t1: float) -> dict[str, float]:
@@ -98,13 +109,24 @@ class CpuSampler:
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
             return {"cpu_s": 0.0, "sys_s": 0.0, "cores": 0.0, "wall_s": t1 - t0}
-        (a_t, a_c, a_s), (b_t, b_c, b_s) = inside[0], inside[-1]
+        (a_t, a_c, a_s, _), (b_t, b_c, b_s, _) = inside[0], inside[-1]
         return {
             "cpu_s": round(b_c - a_c, 2),
             "sys_s": round(b_s - a_s, 2),
             "cores": round((b_c - a_c) / (b_t - a_t), 3),
             "wall_s": round(b_t - a_t, 2),
         }
+
+    def rss_mb(self, t0: float, t1: float) -> tuple[float, float]:
+        """Median and largest RSS between two wall times, MB. One reading
+        is not the job's memory: at 4,096 ranks the healthy coordinator's RSS
+        moves by 3-7 MB from one second to the next (the straggler tick's
+        arrays, gRPC's buffers), and it was still growing 6 s after
+        registration, where a single reading used to be taken."""
+        rss = [s[3] for s in self.samples if t0 <= s[0] <= t1]
+        if not rss:
+            return (float("nan"), float("nan"))
+        return (round(statistics.median(rss) / 1024, 1), round(max(rss) / 1024, 1))
 
     def stop(self) -> None:
         self._stop.set()
@@ -220,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["register_s"] = round(time.time() - t0, 2)
         out["coordinator_rss_registered_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
         out["coordinator_kb_per_rank_registered"] = _kb_per_rank(out, "registered", args.ranks)
-        time.sleep(args.healthy_s)
+        time.sleep(args.settle_s)
         t_h = time.time()
         healthy_prof = (
             _py_spy(args.py_spy, pid, args.profile_healthy) if args.profile_healthy else None
@@ -238,8 +260,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["healthy_cpu_us_per_rank_report"] = round(
             healthy["cores"] * args.report_interval / args.ranks * 1e6, 1
         )
-        out["coordinator_rss_healthy_mb"] = round(proc_status_kb(pid, "VmRSS") / 1024, 1)
+        rss_median, rss_max = sampler.rss_mb(t_h, time.time())
+        out["coordinator_rss_healthy_mb"] = rss_median
+        out["coordinator_rss_healthy_max_mb"] = rss_max
         out["coordinator_kb_per_rank_healthy"] = _kb_per_rank(out, "healthy", args.ranks)
+        # How the RSS settles after registration: one reading every 5 s.
+        t_reg = t0 + out["register_s"]
+        out["coordinator_rss_mb_every_5s"] = [
+            sampler.rss_mb(t_reg + k, t_reg + k + 0.5)[0]
+            for k in range(0, int(time.time() - t_reg), 5)
+        ]
 
         if args.profile:
             profiler = _py_spy(args.py_spy, pid, args.profile)
@@ -367,9 +397,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if profiler is not None and profiler.poll() is None:
             profiler.kill()
         try:
-            fleet.stop()
-            if relays is not None:
-                relays.stop()
+            try:
+                fleet.stop()
+            finally:
+                # A fleet that fails to stop raises; its relays still go (8 were
+                # left running for an hour after one such run).
+                if relays is not None:
+                    relays.stop()
         finally:
             sampler.stop()
             out["coordinator_exit"] = coord.stop()
@@ -422,10 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--lagging", type=int, default=None, help="rank that stalls")
     p.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="after registration, wait this long before measuring the healthy job "
+        "(its RSS grew for about 15 s at 4,096 ranks)",
+    )
+    p.add_argument(
         "--healthy-s",
         type=float,
-        default=3.0,
-        help="settle, then measure the healthy job's CPU, this long each",
+        default=10.0,
+        help="measure the healthy job's CPU and RSS (median) over this long",
     )
     p.add_argument("--ingest-s", type=float, default=5.0, help="0 skips the ingest probe")
     p.add_argument("--ingest-in-flight", type=int, default=128)
