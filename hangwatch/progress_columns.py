@@ -37,6 +37,17 @@ MAX_OPS: Final = 1 << 16  # in_flight_op is a uint16
 _MAX_COUNT: Final = (1 << 63) - 1
 RANK_COUNTS: Final = 3  # rank_counts: status_at_ns, cpu_time_ns, runqueue_wait_ns
 CELL_COUNTS: Final = 6  # cell_counts: see ProgressColumns
+# Columns of those fields read as bytes (count_column), by position.
+STATUS_AT: Final = 0  # rank_counts' status_at_ns
+LAST_ENQUEUED: Final = 0  # cell_counts' last_enqueued
+LAST_STARTED: Final = 2  # cell_counts' last_started
+
+
+def count_column(raw: bytes, k: int, n: int) -> bytes:
+    """Column `k` of a rank_counts or cell_counts field holding `n` values a
+    column (int64, one column after the other), as bytes: for a field whose
+    length `decode` checked."""
+    return raw[8 * k * n : 8 * (k + 1) * n]
 
 
 class ColumnsError(ValueError):

@@ -43,6 +43,7 @@ from hangwatch.server.live.tracks import (
     CUSUM_H,
     NOT_THIS_TICK,
     WINDOW_TICKS,
+    FiledColumns,
     GroupHistory,
     TickReadings,
     Tracks,
@@ -226,18 +227,19 @@ class StragglerMonitor:
             if tick is not None:
                 if tick > job.scored_through:
                     base = self._near.at - offset  # the tick's instant on the agent's clock
-                    self._pending(job, tick).add(table, base, req, None)
+                    self._pending(job, tick).add(table, base, FiledColumns.of(req), None)
                 return
             near = pollgrid.NearestTick(self.tick_ns)
             ticks = [
                 self._tick(job, near, at, state, offset, now)
                 for at, state in zip(c.status_at_ns, c.state, strict=True)
             ]
+            filed = FiledColumns.of(req)
             for tick in set(ticks):
                 if tick is not None:
                     at = [a if t == tick else 0 for a, t in zip(c.status_at_ns, ticks, strict=True)]
                     base = pollgrid.instant_ns(tick, self.tick_ns) - offset
-                    self._pending(job, tick).add(table, base, req, at)
+                    self._pending(job, tick).add(table, base, filed, at)
 
     def _one_tick(
         self, job: _Job, c: progress_columns.Columns, offset: int, now: int

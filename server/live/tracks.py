@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -298,6 +298,39 @@ class GroupHistory:
 NOT_THIS_TICK: Final = 1 << 62
 
 
+class FiledColumns(NamedTuple):
+    """What scoring reads of a columns report, copied out of it when it is
+    filed. The report itself is a part of its relay's ProgressBatch, and a
+    part keeps the whole batch's parse alive (protobuf's arena, C memory
+    that tracemalloc does not see): held until its tick was scored, three
+    ticks of every agent's reports whole, fields scoring never reads
+    included. These columns are about a third of a report's bytes."""
+
+    cell_rank: bytes  # C x uint16, as ProgressColumns.cell_rank
+    cell_group: bytes  # C x uint32
+    enqueued: bytes  # C x int64: cell_counts' last_enqueued column
+    started: bytes  # C x int64: its last_started column
+    rank: bytes  # R x int32
+    status_at: bytes  # R x int64: rank_counts' status_at_ns column
+    clock_error_ns: int
+
+    @classmethod
+    def of(cls, req: pb.ProgressReport) -> FiledColumns:
+        """From a report whose columns were checked (progress_columns.decode)."""
+        c = req.columns
+        cells, ranks = len(c.cell_rank) // 2, len(c.rank) // 4
+        counts = c.cell_counts
+        return cls(
+            c.cell_rank,
+            c.cell_group,
+            progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells),
+            progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells),
+            c.rank,
+            progress_columns.count_column(c.rank_counts, progress_columns.STATUS_AT, ranks),
+            req.clock_error_ns,
+        )
+
+
 @dataclass
 class TickReadings:
     """One tick's readings as they arrived, left as the reports carried them:
@@ -307,19 +340,19 @@ class TickReadings:
 
     seq: int = 0  # arrival order: a (group, rank) given twice, the later stands
     # Columns reports: (seq, the agent's group table as gids, the tick's
-    # instant on the agent's clock, the report (its columns are read when
-    # scored), and where not all its ranks were read at this tick, each rank's
-    # status_at_ns with 0 for those that were not).
-    columns: list[tuple[int, np.ndarray, int, pb.ProgressReport, list[int] | None]] = field(
+    # instant on the agent's clock, the columns scoring reads, and where not
+    # all its ranks were read at this tick, each rank's status_at_ns with 0
+    # for those that were not).
+    columns: list[tuple[int, np.ndarray, int, FiledColumns, list[int] | None]] = field(
         default_factory=list
     )
     # Per-rank reports: seq, gid, rank, instant less the tick's, enqueued, started, error.
     messages: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
 
     def add(
-        self, table: np.ndarray, base: int, req: pb.ProgressReport, status_at: list[int] | None
+        self, table: np.ndarray, base: int, filed: FiledColumns, status_at: list[int] | None
     ) -> None:
-        self.columns.append((self.seq, table, base, req, status_at))
+        self.columns.append((self.seq, table, base, filed, status_at))
         self.seq += 1
 
     def add_message(
@@ -340,30 +373,20 @@ class TickReadings:
 
     def _from_columns(self) -> tuple[np.ndarray, ...]:
         chunks = self.columns
-        CELLS, RANKS = progress_columns.CELL_COUNTS, progress_columns.RANK_COUNTS
-        cols = [ch[3].columns for ch in chunks]
+        cols = [ch[3] for ch in chunks]
         n_cells = np.array([len(c.cell_rank) // 2 for c in cols], np.int64)
         n_ranks = np.array([len(c.rank) // 4 for c in cols], np.int64)
         n_groups = np.array([len(ch[1]) for ch in chunks], np.int64)
-        first_cell = np.cumsum(n_cells) - n_cells
         first_rank = np.cumsum(n_ranks) - n_ranks
-        # Each cell's position in its report, and its report's offsets.
-        pos = np.arange(int(n_cells.sum())) - np.repeat(first_cell, n_cells)
+        # Each cell's rank, as an index into all the reports' ranks.
         rank_i = np.frombuffer(b"".join(c.cell_rank for c in cols), "<u2").astype(np.int64)
         rank_i += np.repeat(first_rank, n_cells)
         group_i = np.frombuffer(b"".join(c.cell_group for c in cols), "<u4").astype(np.int64)
         known = group_i < np.repeat(n_groups, n_cells)
         group_i = np.where(known, group_i, 0) + np.repeat(np.cumsum(n_groups) - n_groups, n_cells)
         tables = np.concatenate([ch[1] for ch in chunks] + [np.zeros(1, np.int64)])
-        counts = np.frombuffer(b"".join(c.cell_counts for c in cols), "<i8")
-        cell_at = np.repeat(np.cumsum(CELLS * n_cells) - CELLS * n_cells, n_cells) + pos
         ranks = np.frombuffer(b"".join(c.rank for c in cols), "<i4").astype(np.int64)
-        # status_at_ns: the first of each report's RANK_COUNTS columns.
-        rank_pos = np.arange(len(ranks)) - np.repeat(first_rank, n_ranks)
-        rank_counts = np.frombuffer(b"".join(c.rank_counts for c in cols), "<i8")
-        at = rank_counts[
-            np.repeat(np.cumsum(RANKS * n_ranks) - RANKS * n_ranks, n_ranks) + rank_pos
-        ]
+        at = np.frombuffer(b"".join(c.status_at for c in cols), "<i8").copy()
         for k, ch in enumerate(chunks):
             if ch[4] is not None:  # some of its ranks belong to another tick
                 at[first_rank[k] : first_rank[k] + n_ranks[k]] = ch[4]
@@ -374,9 +397,9 @@ class TickReadings:
             np.where(known, tables[group_i], -1),
             ranks[rank_i],
             at[rank_i],
-            counts[cell_at],  # last_enqueued: the first of CELL_COUNTS columns
-            counts[cell_at + 2 * np.repeat(n_cells, n_cells)],  # last_started: the third
-            np.repeat(np.array([ch[3].clock_error_ns for ch in chunks], np.int64), n_cells),
+            np.frombuffer(b"".join(c.enqueued for c in cols), "<i8"),
+            np.frombuffer(b"".join(c.started for c in cols), "<i8"),
+            np.repeat(np.array([c.clock_error_ns for c in cols], np.int64), n_cells),
         )
 
 

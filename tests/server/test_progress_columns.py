@@ -170,6 +170,15 @@ def test_columns_round_trip(ranks: list[pb.RankProgress]) -> None:
     assert cols is not None
     back = decode(pb.ProgressColumns.FromString(cols.SerializeToString()))
     assert _as_messages(back, list(table)) == _without_unchanged_s(ranks)
+    # The columns read as bytes (the straggler monitor's) are decode's.
+    n_cells, n_ranks = len(back.cell_rank), len(back.rank)
+    for raw, k, n, want in (
+        (cols.cell_counts, progress_columns.LAST_ENQUEUED, n_cells, back.last_enqueued),
+        (cols.cell_counts, progress_columns.LAST_STARTED, n_cells, back.last_started),
+        (cols.rank_counts, progress_columns.STATUS_AT, n_ranks, back.status_at_ns),
+    ):
+        column = progress_columns.count_column(raw, k, n)
+        assert struct.unpack(f"<{n}q", column) == tuple(want)
 
 
 @pytest.mark.timeout(30)
