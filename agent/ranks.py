@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -116,7 +117,7 @@ class RankTracker:
     mapping_warned: set[tuple[str, int]] = field(default_factory=set)
     # None: not asked yet; False: this torch has no c10d_health_check.
     health_supported: bool | None = None
-    health_checked_at: float = 0.0
+    health_checked_at: float = -math.inf  # never: the first poll asks
     unhealthy: tuple[str, ...] = ()
     # Per group, the pg_status value (numbering.raw_key) of the newest entry that
     # says retired (gloo's completion signal).
@@ -542,15 +543,17 @@ def poll_rank(t: RankTracker, now: float, entries_after_s: float) -> PollResult:
     return out
 
 
-def check_health(t: RankTracker, now: float) -> list[tuple[int, int, str]]:
-    """torch 2.15's watchdog health, as an event when a backend turns unhealthy."""
+def check_health(
+    t: RankTracker, now: float, *, timeout: float = STATUS_TIMEOUT_S
+) -> list[tuple[int, int, str]]:
+    """torch 2.15's watchdog health, as an event when a backend turns unhealthy.
+    No answer within `timeout` leaves `health_supported` as it was: asked again
+    HEALTH_POLL_S later."""
     if t.health_supported is False or now - t.health_checked_at < HEALTH_POLL_S or not t.socket:
         return []
     t.health_checked_at = now
     try:
-        doc = json.loads(
-            endpoint.call(t.socket, hook_protocol.HEALTH_CHECK, timeout=STATUS_TIMEOUT_S)
-        )
+        doc = json.loads(endpoint.call(t.socket, hook_protocol.HEALTH_CHECK, timeout=timeout))
     except endpoint.EndpointError as e:
         if "HTTP 404" in str(e):
             t.health_supported = False  # older torch: no such handler

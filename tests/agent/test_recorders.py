@@ -314,17 +314,24 @@ def test_a_rank_leaving_normally_leaves_its_final_numbers_and_is_finished(
 
 @pytest.mark.torch
 @pytest.mark.timeout(90)
-def test_health_check_is_asked_where_torch_has_it(hang_job: Job) -> None:
+def test_health_check_is_asked_where_torch_has_it(
+    hang_job: Job, caplog: pytest.LogCaptureFixture
+) -> None:
     """2.15 answers c10d_health_check (healthy: no event); older torch 404s: asked once."""
     from hangwatch.agent import ranks
 
+    caplog.set_level(logging.DEBUG, logger="hangwatch.agent")
     t = hang_job.trackers()[0]
-    events = ranks.check_health(t, time.monotonic())
+    # What is tested is how the answer is read, not how soon it comes: the
+    # agent's 0.5 s deadline was missed once in a full run on 2 loaded cores,
+    # which leaves health_supported None (asked again 5 s later).
+    events = ranks.check_health(t, time.monotonic(), timeout=30.0)
     assert events == []
     import torch._C._distributed_c10d as c
 
     has = hook_protocol.HEALTH_CHECK in c._get_handler_names()
-    assert t.health_supported is has
+    # Why it was left unknown, if it was: the agent's debug line names the error.
+    assert t.health_supported is has, caplog.text
 
 
 # --- a hook-recorded backend with completion hooks (2.15's default NCCL) ------------
