@@ -48,6 +48,9 @@ SCENARIOS = (
 )
 # Shorter than the server's defaults so the demo answers in seconds; an
 # explicit flag or HANGWATCH_* variable still wins.
+# How long a scenario FR cannot see trains on, at most, waiting for the
+# coordinator to learn its rhythm: 5 moves take ~3 s at the 0.5 s poll.
+GATE_WAIT_S = 30.0
 DEMO_DEFAULTS: dict[str, float] = {
     "stall_timeout": 3.0,
     "poll_interval": 0.5,
@@ -236,6 +239,30 @@ def _wait_incident(
     return None
 
 
+def _open_gate_when_armed(api: Api, job: str, gate: Path, alive: Any, quiet: bool) -> None:
+    """Create `gate` once the coordinator's jobs list says the rhythm rule is
+    armed for `job` (JobSummary.quiet_rule). A coordinator too old to say, or
+    one that has not seen 5 moves within GATE_WAIT_S, opens it anyway: the
+    bound still pages the hang, later."""
+    deadline = time.monotonic() + GATE_WAIT_S
+    rule: str | None = None
+    while time.monotonic() < deadline:
+        alive()
+        try:
+            rows = [r for r in api.get("/api/jobs") if r.get("job") == job]
+        except (urllib.error.URLError, OSError):
+            rows = []
+        if rows and "quiet_rule" not in rows[0]:
+            break  # a coordinator that predates the field
+        rule = rows[0]["quiet_rule"] if rows else None
+        if rule == "rhythm":
+            break
+        time.sleep(0.2)
+    if rule != "rhythm":
+        _say(quiet, "the coordinator has not seen the job's rhythm; injecting the fault anyway")
+    gate.touch()
+
+
 def run(ns: argparse.Namespace) -> int:
     try:
         return _run(ns)
@@ -318,6 +345,10 @@ def _run(ns: argparse.Namespace) -> int:
         # A shared coordinator (--coordinator, same --job-id) may hold incidents
         # of earlier runs: only ones that appear after this point are ours.
         before = _incident_ids(api, conf.job.job_id)
+        # A hang FR cannot see is paged by the no-progress rule, on the stall
+        # timeout only once the coordinator has seen the job's rhythm (else
+        # after the 60 s start-up grace): its ranks train on until then.
+        gate = None if scenario.fr_visible else work / "fault_gate"
         try:
             job = launch_job(
                 scenario,
@@ -327,6 +358,7 @@ def _run(ns: argparse.Namespace) -> int:
                 extra_env=child_env,
                 backend=ns.backend,
                 collective_timeout=ns.collective_timeout,
+                fault_gate=gate,
             )
         except JobFailed as e:
             print(f"hangwatch demo: the training job failed to start: {e}", file=sys.stderr)
@@ -336,7 +368,7 @@ def _run(ns: argparse.Namespace) -> int:
         # demo's own one stops on exit unless --keep.
         page = coord.proc is None or ns.keep
         try:
-            result = _observe(ns, conf, scenario, job, api, alive, quiet, before, page)
+            result = _observe(ns, conf, scenario, job, api, alive, quiet, before, page, gate)
         except RuntimeError as e:
             print(f"hangwatch demo: {e}", file=sys.stderr)
             return EXIT_NO_INCIDENT
@@ -358,6 +390,7 @@ def _observe(
     quiet: bool,
     before: set[str],
     page: bool,
+    gate: Path | None,
 ) -> int:
     world = ns.ranks
     if scenario.name == "healthy":
@@ -382,6 +415,8 @@ def _observe(
             print("healthy job: every rank finished, no incident raised.")
         return EXIT_NO_INCIDENT if items else 0
 
+    if gate is not None:
+        _open_gate_when_armed(api, conf.job.job_id, gate, alive, quiet)
     fault_unix = job.wait_fault_injected(timeout=60)
     _say(
         quiet,

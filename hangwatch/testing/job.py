@@ -121,6 +121,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="Die (SIGKILL) when this process, the launcher, goes away (Linux).",
     )
     p.add_argument(
+        "--fault-gate",
+        type=Path,
+        default=None,
+        help="After the steps before the fault, train on until this file exists, then"
+        " inject it (every rank at the same step): for a launcher that waits for the"
+        " coordinator to have seen something first.",
+    )
+    p.add_argument(
         "--crash-rank",
         type=int,
         default=None,
@@ -346,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.update(phase=PHASE_READY)
     for step in range(steps):
         job.step(step)
+    if ns.fault_gate is not None:
+        steps = _train_until(job, steps, ns.fault_gate)
+        status.update(steps_before_fault=steps)
 
     snapshot_thread = None
     if ns.snapshot_dir is not None and rank not in scenario.silent_ranks(world):
@@ -365,6 +376,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     job.dist.destroy_process_group()
     status.update(phase=PHASE_FINISHED)
     return 0
+
+
+def _train_until(job: _Job, step: int, gate: Path) -> int:
+    """Train on until `gate` exists; returns the step the fault comes at. The ranks
+    agree on that step with a MAX all_reduce of what each saw: one that saw the
+    file a step before another would otherwise inject alone."""
+    while True:
+        seen = job.torch.tensor([1.0 if gate.exists() else 0.0])
+        job.dist.all_reduce(seen, op=job.dist.ReduceOp.MAX)
+        if seen.item():
+            return step
+        job.step(step)
+        step += 1
 
 
 def _snapshot_later(job: _Job, status: Status) -> None:

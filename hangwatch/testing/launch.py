@@ -258,6 +258,7 @@ def launch_job(
     ready_timeout: float = 60.0,
     backend: str = "gloo",
     collective_timeout: float | None = None,
+    fault_gate: Path | None = None,
 ) -> JobHandle:
     """Start the job and wait until every rank has joined the process group.
 
@@ -290,6 +291,7 @@ def launch_job(
             crash_rank=crash_rank,
             backend=backend,
             collective_timeout=collective_timeout,
+            fault_gate=fault_gate,
         )
         try:
             handle.wait_ready(ready_timeout)
@@ -322,6 +324,7 @@ def _spawn(
     crash_rank: int | None,
     backend: str = "gloo",
     collective_timeout: float | None = None,
+    fault_gate: Path | None = None,
 ) -> JobHandle:
     port = free_port()
     base_env = dict(os.environ)
@@ -378,6 +381,8 @@ def _spawn(
                 cmd += ["--backend", backend]
             if collective_timeout is not None:
                 cmd += ["--collective-timeout", str(collective_timeout)]
+            if fault_gate is not None:
+                cmd += ["--fault-gate", str(fault_gate)]
             rank_env = dict(base_env)
             rank_env[env.RANK] = str(rank)
             rank_env[env.LOCAL_RANK] = str(rank)

@@ -136,6 +136,7 @@ class JobRegistry:
                         world_size=job.world_size,
                         open_incident=job.open_incident,
                         ended=stopped_reason(job),
+                        progress_moves=job.progress_moves,
                     )
                 )
         return out

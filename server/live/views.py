@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hangwatch.server.live.detector import STEADY_MOVES
 from hangwatch.server.live.records import (
     AgentRecord,
     JobRecord,
@@ -123,10 +124,17 @@ class JobCensus:
     world_size: int | None = None
     open_incident: str | None = None  # the incident collecting its dumps, if any
     ended: JobStopped | None = None  # stopped_reason
+    progress_moves: int = 0  # JobRecord.progress_moves
 
     @property
     def collecting(self) -> bool:
         return self.open_incident is not None
+
+    @property
+    def quiet_rule(self) -> str:
+        """Which no-progress rule would page a quiet period now (detector.find_job_quiet):
+        "rhythm" once the job made steady progress, else only "bound"."""
+        return "rhythm" if self.progress_moves >= STEADY_MOVES else "bound"
 
 
 @dataclass(kw_only=True, frozen=True)

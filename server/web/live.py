@@ -166,6 +166,8 @@ def job_summaries(registry: JobRegistry, store: IncidentStore) -> list[schemas.J
                 stalled_groups=len(registry.stalls(job_id, over_timeout_only=True)),
                 oldest_inflight_age_s=None if c.ended else registry.oldest_in_flight_age(job_id),
                 open_incident=c.open_incident or open_ids.get(job_id),
+                progress_moves=c.progress_moves,
+                quiet_rule=c.quiet_rule,
                 incidents=row.incidents if row else 0,
                 first_seen=row.first_seen if row else None,
                 last_seen=row.last_seen if row else None,

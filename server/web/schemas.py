@@ -11,6 +11,12 @@ from typing import Any, TypeVar
 
 from hangwatch.analyzer.report import Report
 from hangwatch.server.incidents.action_records import ActionRecord
+from hangwatch.server.live.detector import (
+    MOVE_SPACING_S,
+    QUIET_BOUND_FACTOR,
+    QUIET_GAP_FACTOR,
+    STEADY_MOVES,
+)
 from pydantic import BaseModel, Field
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,6 +55,18 @@ class JobSummary(BaseModel):
         None, description="Largest in-flight collective age over observed ranks, seconds."
     )
     open_incident: str | None = None
+    progress_moves: int | None = Field(
+        None,
+        description=f"Reports that moved a counter, at most one per {MOVE_SPACING_S:g} s"
+        " (live jobs only).",
+    )
+    quiet_rule: str | None = Field(
+        None,
+        description="The no-progress rule that would page a quiet period now (live jobs"
+        f" only): rhythm once the job moved {STEADY_MOVES} times (quiet past the stall"
+        f" timeout and {QUIET_GAP_FACTOR:g}x its longest gap), else bound (quiet past the"
+        f" start-up grace or {QUIET_BOUND_FACTOR:g} stall timeouts).",
+    )
     incidents: int = Field(0, description="Incidents stored for this job.")
     first_seen: float | None = Field(None, description="Unix seconds (store).")
     last_seen: float | None = Field(None, description="Unix seconds (store).")

@@ -10,6 +10,8 @@ Started under `torchrun`. Environment:
   PIPE_STEP_S        seconds of fake compute per step (default 0.05)
   PIPE_STALL_RANK    the stage that stalls (default 1, the middle one)
   PIPE_STALL_AFTER   seconds of training before it stalls (default: never)
+  PIPE_STALL_FILE    or it stalls at the first step after this file exists (a test
+                     that needs the coordinator to have seen something first)
   PIPE_STALL_FOR     how long it stalls (default: forever)
   PIPE_STALL_HOW     "sleep" (time.sleep) or "spin" (pure-Python compute)
   PIPE_MARK_DIR      where the stalling rank writes `stalled` (unix time of the stall)
@@ -65,6 +67,7 @@ def main() -> int:
     step_s = float(os.environ.get("PIPE_STEP_S", "0.05"))
     stall_rank = int(os.environ.get("PIPE_STALL_RANK", "1"))
     stall_after = float(os.environ.get("PIPE_STALL_AFTER", "inf"))
+    stall_file = os.environ.get("PIPE_STALL_FILE")
     stall_for = float(os.environ.get("PIPE_STALL_FOR", "inf"))
     how = os.environ.get("PIPE_STALL_HOW", "sleep")
     torch.manual_seed(rank)
@@ -82,7 +85,10 @@ def main() -> int:
     start = time.monotonic()
     stalled = False
     for step in range(steps):
-        if rank == stall_rank and not stalled and time.monotonic() - start >= stall_after:
+        due = time.monotonic() - start >= stall_after or (
+            stall_file is not None and os.path.exists(stall_file)
+        )
+        if rank == stall_rank and not stalled and due:
             stalled = True
             if mark:
                 _mark(Path(mark) / "stalled", f"{time.time():.3f} {step}")

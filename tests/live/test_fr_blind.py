@@ -66,20 +66,57 @@ def _watched(
 ) -> Iterator[tuple[CoordinatorProc, AgentProc, subprocess.Popen[bytes]]]:
     """A coordinator, one agent on `<tmp>/run` and the pipeline job with `plan`, all started;
     the job killed and the agent and coordinator stopped on exit."""
+    # Debug logs on both: a failure here has been seen once and not reproduced
+    # (no incident, nothing logged after registration at info), so the next one
+    # carries what each side saw.
+    debug = ("--log-level", "debug")
     with CoordinatorProc(
-        tmp / "data", stall_timeout=STALL_TIMEOUT, extra_args=server_args
+        tmp / "data", stall_timeout=STALL_TIMEOUT, extra_args=(*debug, *server_args)
     ) as coord:
         agent = AgentProc(
             coordinator=coord.grpc, run_dir=tmp / "run", job_id=job_id, node_id="n0",
-            log_path=tmp / "agent.log",
+            log_path=tmp / "agent.log", extra_args=debug,
         )  # fmt: skip
         agent.start()
         job = _start_job(tmp, coord, job_id, **plan)
         try:
             yield coord, agent, job
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{_evidence(tmp, coord, job_id)}") from e
         finally:
             _kill(job)
             agent.stop()
+
+
+def _evidence(tmp: Path, coord: CoordinatorProc, job_id: str) -> str:
+    """What the coordinator shows of the job's ranks and the last of each log."""
+    try:
+        view: Any = ranks_view(coord, job_id)
+    except Exception as e:  # the coordinator may be what failed
+        view = f"unavailable: {e!r}"
+    tails = []
+    for name in ("agent.log", "data.coordinator.log", "job.log"):
+        p = tmp / name
+        text = p.read_text(errors="replace")[-6000:] if p.is_file() else "(none)"
+        tails.append(f"--- {name} (last 6,000 characters)\n{text}")
+    return f"ranks at the coordinator: {json.dumps(view, default=str)[:4000]}\n" + "\n".join(tails)
+
+
+def _stall_once_steady(tmp: Path, coord: CoordinatorProc, job_id: str) -> None:
+    """Let the middle stage stall (PIPE_STALL_FILE) once the coordinator has seen
+    the job make steady progress: the rhythm rule, which pages a quiet period
+    on the stall timeout, is armed only then. A stall after a fixed 4 s of
+    training raced it: on a loaded machine the agent found the ranks late, the
+    coordinator saw fewer than 5 moves, and only the bound (the 60 s start-up
+    grace) was left; one full run waited 33 s for an incident and failed."""
+
+    def armed() -> bool:
+        return any(
+            j["job"] == job_id and j["quiet_rule"] == "rhythm" for j in coord.api("/api/jobs")
+        )
+
+    wait_for(armed, 60, "the coordinator to see the job's rhythm")
+    (tmp / "stall_now").touch()
 
 
 def _stalled_at(tmp: Path) -> float | None:
@@ -120,7 +157,9 @@ def test_a_stalled_pipeline_stage_is_named_from_its_stack(
     tmp_path: Path, how: str, state: str
 ) -> None:
     job_id = f"pipe-{how}"
-    with _watched(tmp_path, job_id, stall_after="4", stall_how=how) as (coord, agent, _job):
+    plan = {"stall_file": str(tmp_path / "stall_now"), "stall_how": how}
+    with _watched(tmp_path, job_id, **plan) as (coord, agent, _job):
+        _stall_once_steady(tmp_path, coord, job_id)
         t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
         inc = wait_for(lambda: _analysed(coord, job_id), STALL_TIMEOUT + 30, "the incident")
         _check_middle_stage_named(inc, state)
@@ -200,8 +239,12 @@ def test_a_quiet_period_that_ends_is_resolved_even_across_an_agent_restart(
     20 MB across the dumps, and torch's compiler stack, absent before, was not
     loaded by them (the FR dump's call sites used to import torch._inductor)."""
     job_id = "pipe-agent-restart"
-    plan = {"stall_after": "4", "stall_for": "14", "steps": "150", "step_s": "0.03"}
+    # 400 steps: room for the coordinator to see the rhythm first (20 s at
+    # 0.05 s a step), and the job still ends within a minute of the wake.
+    plan = {"stall_for": "14", "steps": "400", "step_s": "0.03"}
+    plan["stall_file"] = str(tmp_path / "stall_now")
     with _watched(tmp_path, job_id, **plan) as (coord, agent, job):
+        _stall_once_steady(tmp_path, coord, job_id)
         t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
         pids = wait_for(lambda: _pids(coord, job_id), 30, "the ranks registered")
         assert not any(has_compiler_stack(p) for p in pids)

@@ -327,6 +327,9 @@ def test_fewer_moves_than_steady_waits_for_the_bound(env: Env) -> None:
     # An init barrier and one more collective, then a long data load: not the
     # rhythm rule's (no rhythm yet), so only the bound can page it.
     seq = _train(env, STEADY_MOVES)  # a baseline and STEADY_MOVES - 1 moves
+    # The jobs list says which rule is armed (what a live test waits for before its fault).
+    [c] = env.registry.census()
+    assert (c.progress_moves, c.quiet_rule) == (STEADY_MOVES - 1, "bound")
     _quiet_for(env, BOUND - 1, seq)
     assert env.store.list_incidents() == []
     _quiet_for(env, 1, seq)
@@ -341,6 +344,8 @@ def test_a_steady_job_is_paged_by_its_rhythm_before_the_bound(env: Env) -> None:
     assert env.store.list_incidents() == []
     # Training starts: now it is steady, and a stop after that is paged on the stall timeout.
     seq = _train(env, 1, start=seq)
+    [c] = env.registry.census()
+    assert (c.progress_moves, c.quiet_rule) == (STEADY_MOVES, "rhythm")
     _quiet_for(env, STALL, seq)
     row = env.only_incident()
     assert row.trigger == "no-progress" and "bound" not in row.reason
