@@ -53,13 +53,18 @@ def process_sample(
     if starttime is not None and len(fields) > 19 and int(fields[19]) != starttime:
         return pb.PROCESS_STATE_GONE, 0
     cpu_ns = _cpu_ns(fields)
-    if cpu_ns:
+    # Readable, not non-zero: the kernel charges CPU time a tick at a time to
+    # whichever task the tick lands in, so a rank's launcher that ran 15 ms
+    # and then only waits on its working children can read 0 ticks of its
+    # own; their time is still the tree's (a full run here read a spinning
+    # child's parent as 0 for 20 s).
+    if cpu_ns is not None:
         if waits is not None:
             _note_wait(pid, waits)
         if io is not None:
             _note_io(pid, io)
         cpu_ns += _children_cpu_ns(pid, MAX_DESCENDANTS, waits, compilers, io)
-    return _STATE.get(fields[0], pb.PROCESS_STATE_RUNNING), cpu_ns
+    return _STATE.get(fields[0], pb.PROCESS_STATE_RUNNING), cpu_ns or 0
 
 
 def _note_wait(pid: int, waits: dict[int, int]) -> None:
@@ -175,13 +180,13 @@ class RunqueueWait:
 MAX_DESCENDANTS = 256
 
 
-def _cpu_ns(fields: list[str]) -> int:
+def _cpu_ns(fields: list[str]) -> int | None:
     """utime + stime + cutime + cstime (fields 14-17 of stat; reaped children's
-    time is in the last two), in ns; 0 when unreadable."""
+    time is in the last two), in ns; None when unreadable."""
     try:
-        return sum(int(x) for x in fields[11:15]) * _TICK_NS if len(fields) > 14 else 0
+        return sum(int(x) for x in fields[11:15]) * _TICK_NS if len(fields) > 14 else None
     except ValueError:
-        return 0
+        return None
 
 
 def _children_cpu_ns(
@@ -206,7 +211,7 @@ def _children_cpu_ns(
             comm, fields = got
             if compilers is not None and comm in COMPILERS:
                 compilers.append(comm)
-            total += _cpu_ns(fields)
+            total += _cpu_ns(fields) or 0
             if waits is not None:
                 _note_wait(child, waits)
             if io is not None:

@@ -84,6 +84,27 @@ def test_a_process_waiting_on_its_working_children_is_busy() -> None:
     assert (b - a) / 1e9 < 0.05, (a, b)
 
 
+@pytest.mark.timeout(30)
+def test_a_launcher_charged_no_cpu_of_its_own_reads_its_childrens() -> None:
+    """A shell that starts a spinning child and waits on it: the shell ran well
+    under a tick, and the kernel charges CPU time a tick at a time, so its own
+    time reads 0 (10 of 10 starts here). Its child's time is still the tree's.
+    A Python rank read so in a full run: 0 for 20 s over a spinning child."""
+    sh = shutil.which("sh")
+    assert sh is not None
+    launcher = f'"{sys.executable}" -c "$0" & wait'
+    p = subprocess.Popen([sh, "-c", launcher, SPIN], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        _, a = process_sample(p.pid)
+        time.sleep(1.0)
+        _, b = process_sample(p.pid)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert (b - a) / 1e9 >= 0.25, (a, b)
+
+
 @pytest.mark.timeout(10)
 def test_a_gone_process_has_no_cpu_and_cpu_is_not_a_change() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
