@@ -46,11 +46,11 @@ SCENARIOS = (
     "p2p",
     "healthy",
 )
-# Shorter than the server's defaults so the demo answers in seconds; an
-# explicit flag or HANGWATCH_* variable still wins.
 # How long a scenario FR cannot see trains on, at most, waiting for the
 # coordinator to learn its rhythm: 5 moves take ~3 s at the 0.5 s poll.
 GATE_WAIT_S = 30.0
+# Shorter than the server's defaults so the demo answers in seconds; an
+# explicit flag or HANGWATCH_* variable still wins.
 DEMO_DEFAULTS: dict[str, float] = {
     "stall_timeout": 3.0,
     "poll_interval": 0.5,
