@@ -157,7 +157,9 @@ def test_a_stalled_pipeline_stage_is_named_from_its_stack(
     tmp_path: Path, how: str, state: str
 ) -> None:
     job_id = f"pipe-{how}"
-    plan = {"stall_file": str(tmp_path / "stall_now"), "stall_how": how}
+    # 2,000 steps (100 s at 0.05 s a step): the stall, forever, comes first
+    # however long the coordinator takes to see the rhythm.
+    plan = {"stall_file": str(tmp_path / "stall_now"), "stall_how": how, "steps": "2000"}
     with _watched(tmp_path, job_id, **plan) as (coord, agent, _job):
         _stall_once_steady(tmp_path, coord, job_id)
         t0 = wait_for(lambda: _stalled_at(tmp_path), 60, "the middle stage to stall")
