@@ -221,6 +221,11 @@ class JobQuiet:
 CORES_SHOWN: Final = 64
 
 
+def steady(moves: int) -> bool:
+    """The job has shown a rhythm: the rhythm rule can page it (else only the bound)."""
+    return moves >= STEADY_MOVES
+
+
 def quiet_threshold(stall_timeout: float, longest_gap_s: float) -> float:
     return max(stall_timeout, QUIET_GAP_FACTOR * longest_gap_s)
 
@@ -243,7 +248,7 @@ def find_job_quiet(
     if not ranks:
         return None
     rhythm = quiet_threshold(stall_timeout, longest_gap_s)
-    by_rhythm = moves >= STEADY_MOVES and quiet_for_s >= rhythm
+    by_rhythm = steady(moves) and quiet_for_s >= rhythm
     by_bound = bound_s is not None and quiet_for_s >= bound_s
     if not (by_rhythm or by_bound):
         return None

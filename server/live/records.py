@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from hangwatch.server.live.commands import Mailbox
-from hangwatch.server.live.detector import MOVE_SPACING_S, STEADY_MOVES
+from hangwatch.server.live.detector import MOVE_SPACING_S, steady
 
 from hangwatch.wire import pb
 
@@ -221,7 +221,7 @@ class JobRecord:
             return  # another node's report of the same moment, not another move
         # Gaps before the job became steady are its start-up (loading data,
         # building the model), not its rhythm.
-        if self.progress_moves >= STEADY_MOVES:
+        if steady(self.progress_moves):
             self.longest_gap_s = max(self.longest_gap_s, now - self.last_move)
         self.progress_moves += 1
         self.last_move = now

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hangwatch.server.live.detector import STEADY_MOVES
+from hangwatch.server.live.detector import steady
 from hangwatch.server.live.records import (
     AgentRecord,
     JobRecord,
@@ -134,7 +134,7 @@ class JobCensus:
     def quiet_rule(self) -> str:
         """Which no-progress rule would page a quiet period now (detector.find_job_quiet):
         "rhythm" once the job made steady progress, else only "bound"."""
-        return "rhythm" if self.progress_moves >= STEADY_MOVES else "bound"
+        return "rhythm" if steady(self.progress_moves) else "bound"
 
 
 @dataclass(kw_only=True, frozen=True)
