@@ -85,10 +85,14 @@ def main() -> int:
     start = time.monotonic()
     stalled = False
     for step in range(steps):
-        due = time.monotonic() - start >= stall_after or (
-            stall_file is not None and os.path.exists(stall_file)
-        )
-        if rank == stall_rank and not stalled and due:
+        if (
+            rank == stall_rank
+            and not stalled
+            and (
+                time.monotonic() - start >= stall_after
+                or (stall_file is not None and os.path.exists(stall_file))
+            )
+        ):
             stalled = True
             if mark:
                 _mark(Path(mark) / "stalled", f"{time.time():.3f} {step}")
