@@ -245,21 +245,24 @@ def _open_gate_when_armed(api: Api, job: str, gate: Path, alive: Any, quiet: boo
     one that has not seen 5 moves within GATE_WAIT_S, opens it anyway: the
     bound still pages the hang, later."""
     deadline = time.monotonic() + GATE_WAIT_S
-    rule: str | None = None
-    while time.monotonic() < deadline:
+    rule: str | None = None  # "rhythm", "bound", or None: not known
+    while rule != "rhythm" and time.monotonic() < deadline:
         alive()
+        row: dict[str, Any]
         try:
-            rows = [r for r in api.get("/api/jobs") if r.get("job") == job]
+            row = next((r for r in api.get("/api/jobs") if r.get("job") == job), {})
         except (urllib.error.URLError, OSError):
-            rows = []
-        if rows and "quiet_rule" not in rows[0]:
-            break  # a coordinator that predates the field
-        rule = rows[0]["quiet_rule"] if rows else None
-        if rule == "rhythm":
-            break
-        time.sleep(0.2)
+            row = {}
+        if row and "quiet_rule" not in row:
+            break  # a coordinator that predates the field: it cannot say
+        rule = row.get("quiet_rule")
+        if rule != "rhythm":
+            time.sleep(0.2)
     if rule != "rhythm":
-        _say(quiet, "the coordinator has not seen the job's rhythm; injecting the fault anyway")
+        _say(
+            quiet,
+            "the coordinator has not said it saw the job's rhythm; injecting the fault anyway",
+        )
     gate.touch()
 
 
