@@ -7,8 +7,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any, TypedDict
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict, TypeVar
 
 import grpc
 
@@ -18,6 +18,8 @@ from hangwatch.tls import channel_credentials
 from hangwatch.wire import message_size_options, pb, rpc
 
 log = logging.getLogger("hangwatch.agent")
+
+T = TypeVar("T")
 
 UNARY_DEADLINE_S = 5.0
 UPLOAD_DEADLINE_S = 60.0
@@ -80,6 +82,17 @@ def build_channel(cfg: Config, relay: bool = False) -> grpc.Channel:
 # the coordinator this long before the relay is tried again: a relay that is
 # down costs each of its agents one failed stream a minute, not one a report.
 RELAY_RETRY_S = 60.0
+
+# A call the relay could not carry: the relay is gone or cannot reach the
+# coordinator (UNAVAILABLE), it is older than carrying calls (UNIMPLEMENTED),
+# or it did not answer in time (DEADLINE_EXCEEDED). Calls then go straight to
+# the coordinator for RELAY_RETRY_S. The first two are made again at once,
+# straight; a call that timed out is left to its caller's backoff, so that a
+# slow coordinator is not waited on twice.
+RELAY_FAULTS = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
+RELAY_RETRY_AT_ONCE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED})
 
 # Reports waiting to go on the progress stream (a few KB each at 8 ranks).
 # One is sent a second, so 16 waiting means gRPC itself could not write for
@@ -200,6 +213,11 @@ class CoordinatorClient:
         # The same for the commands call (the command thread's alone).
         self.commands_via_relay = False
         self._commands_relay_down_until = 0.0
+        # The same for every other call (Register, events, uploads,
+        # CompleteDump, the clock exchange): an agent behind a relay holds no
+        # connection to the coordinator, about 20 KB of its memory each
+        # (server.relay_calls). Any of the agent's threads makes these.
+        self._calls_relay_down_until = 0.0
         # Progress goes as columns where the coordinator reads them
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
@@ -235,6 +253,39 @@ class CoordinatorClient:
         self._registered.wait(timeout)
         return self.session_id
 
+    # --- calls through the relay ------------------------------------------
+
+    def _call(self, method: str, make: Callable[[rpc.CoordinatorStub], T]) -> T:
+        """`make(stub)` on the relay's stub where a relay is configured and has
+        not failed in the last RELAY_RETRY_S, else on the coordinator's. A call
+        the relay could not carry (RELAY_RETRY_AT_ONCE) is made again at once,
+        straight: `make` builds its request anew each time (an upload's chunks)."""
+        relay = self._relay
+        if relay is not None and time.monotonic() >= self._calls_relay_down_until:
+            try:
+                return make(relay)
+            except grpc.RpcError as e:
+                code = e.code()
+                if code not in RELAY_FAULTS:
+                    raise  # the coordinator's own answer
+                self._calls_relay_down_until = time.monotonic() + RELAY_RETRY_S
+                log.warning(
+                    "%s through relay %s failed (%s: %s); calling the coordinator for %.0f s",
+                    method,
+                    self.cfg.agent.progress_relay,
+                    code.name,
+                    e.details(),
+                    RELAY_RETRY_S,
+                )
+                if code not in RELAY_RETRY_AT_ONCE:
+                    raise
+        return make(self.stub)
+
+    @property
+    def calls_via_relay(self) -> bool:
+        """Whether the next call (Register, events, uploads...) goes through the relay."""
+        return self._relay is not None and time.monotonic() >= self._calls_relay_down_until
+
     def register(self, ranks: list[pb.RankInfo]) -> str:
         req = pb.RegisterRequest(
             job_id=self.cfg.job.job_id,
@@ -243,7 +294,10 @@ class CoordinatorClient:
             ranks=ranks,
             agent_version=__version__,
         )
-        resp = self.stub.Register(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
+        resp = self._call(
+            "Register",
+            lambda stub: stub.Register(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata),
+        )
         with self._lock:
             self._session_id = resp.session_id
             self.poll_interval_hint = resp.poll_interval_s
@@ -360,14 +414,18 @@ class CoordinatorClient:
             stream.close()
 
     def health(self, req: pb.HealthRequest) -> pb.HealthResponse:
-        resp: pb.HealthResponse = self.stub.Health(
-            req, timeout=UNARY_DEADLINE_S, metadata=self.metadata
+        resp: pb.HealthResponse = self._call(
+            "Health",
+            lambda stub: stub.Health(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata),
         )
         return resp
 
     def report_entries(self, entries: list[pb.FrEntry], dropped: int) -> None:
         req = pb.EntryBatch(**self._sender(), entries=entries, dropped=dropped)
-        ack = self.stub.ReportEntries(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
+        ack = self._call(
+            "ReportEntries",
+            lambda stub: stub.ReportEntries(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata),
+        )
         if not ack.known:
             raise self._stale("entries")
 
@@ -380,7 +438,12 @@ class CoordinatorClient:
             age_s=age_s,
         )
         try:
-            ack = self.stub.ReportEvent(req, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
+            ack = self._call(
+                "ReportEvent",
+                lambda stub: stub.ReportEvent(
+                    req, timeout=UNARY_DEADLINE_S, metadata=self.metadata
+                ),
+            )
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 raise self._stale("event") from e
@@ -424,24 +487,39 @@ class CoordinatorClient:
             and code == grpc.StatusCode.DEADLINE_EXCEEDED
         )
 
-    def upload(self, chunks: Iterator[pb.BundleChunk]) -> pb.UploadAck:
-        return self.stub.UploadBundle(chunks, timeout=UPLOAD_DEADLINE_S, metadata=self.metadata)
+    def upload(self, chunks: Callable[[], Iterator[pb.BundleChunk]]) -> pb.UploadAck:
+        """One file's chunks, from `chunks()`: called again for a second try."""
+        return self._call(
+            "UploadBundle",
+            lambda stub: stub.UploadBundle(
+                chunks(), timeout=UPLOAD_DEADLINE_S, metadata=self.metadata
+            ),
+        )
 
     def upload_files(
-        self, chunks: Iterator[pb.BundleChunks], *, compressed: bool = False
+        self, chunks: Callable[[], Iterator[pb.BundleChunks]], *, compressed: bool = False
     ) -> pb.UploadFilesAck:
         # gzip: a phase-one stream of plain files is mostly JSON and member
         # lists, which shrink several-fold; the coordinator's gRPC core
         # inflates them. Not for a node archive (`compressed`): already deflated.
-        return self.stub.UploadFiles(
-            chunks,
-            timeout=UPLOAD_DEADLINE_S,
-            metadata=self.metadata,
-            compression=None if compressed else grpc.Compression.Gzip,
+        # A relay inflates and carries the bytes as they are (server.relay_calls).
+        return self._call(
+            "UploadFiles",
+            lambda stub: stub.UploadFiles(
+                chunks(),
+                timeout=UPLOAD_DEADLINE_S,
+                metadata=self.metadata,
+                compression=None if compressed else grpc.Compression.Gzip,
+            ),
         )
 
     def complete_dump(self, result: pb.DumpResult) -> bool:
-        ack = self.stub.CompleteDump(result, timeout=UNARY_DEADLINE_S, metadata=self.metadata)
+        ack = self._call(
+            "CompleteDump",
+            lambda stub: stub.CompleteDump(
+                result, timeout=UNARY_DEADLINE_S, metadata=self.metadata
+            ),
+        )
         return bool(ack.accepted)
 
     def close(self) -> None:

@@ -110,7 +110,7 @@ def upload_file(
     client: CoordinatorClient, path: str, *, incident_id: str, rank: int
 ) -> pb.UploadAck:
     ack = client.upload(
-        file_chunks(
+        lambda: file_chunks(
             path,
             job_id=client.cfg.job.job_id,
             agent_id=client.agent_id,
@@ -143,7 +143,7 @@ def upload_files(
                 size=size,
             )
 
-    ack = client.upload_files(pack_chunks(chunks(), size))
+    ack = client.upload_files(lambda: pack_chunks(chunks(), size))
     if len(ack.files) != len(files) or not all(a.complete for a in ack.files):
         raise RuntimeError(f"coordinator acked {len(ack.files)} of {len(files)} files complete")
     return ack
@@ -168,7 +168,7 @@ def upload_node_archive(
     if columns:
         members.append((min(r for _, r in files), formats.FR_COLUMNS_FILE, columns))
     ack = client.upload_files(
-        pack_chunks(
+        lambda: pack_chunks(
             archive_chunks(
                 members,
                 size=size,

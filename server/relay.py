@@ -25,7 +25,12 @@ coordinator until the agent answers, so a relay lost mid-incident delays a
 DUMP (its agents' calls end, they reopen straight to the coordinator and get
 it there), never loses it. A coordinator without RelayCommands answers
 UNIMPLEMENTED; the relay then answers its agents' calls the same way and
-they watch directly. Agents register, report events and upload directly.
+they watch directly.
+
+Every other call an agent makes on its session (Register, events, uploads,
+CompleteDump, its clock exchange) passes through to the coordinator as bytes
+(server.relay_calls), so an agent behind a relay holds no connection to the
+coordinator: about 20 KB of the coordinator's memory each.
 
 Failure never loses progress silently. While the relay has no stream to the
 coordinator it refuses agents' streams (UNAVAILABLE); when that stream
@@ -59,7 +64,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import grpc
-from hangwatch.server.ingest.auth import TokenAuth
+from hangwatch.server.ingest.auth import SERVICE, TokenAuth
+from hangwatch.server.relay_calls import CarriedCalls
 from hangwatch.server.relay_http import RelayHttp
 
 from hangwatch import __version__
@@ -138,22 +144,53 @@ class RelayStats:
     # (turned away at the start), "unknown_session" and "invalid" (the
     # coordinator's answers to a report).
     streams_ended: dict[str, int]
+    # Agents' other calls carried to the coordinator (server.relay_calls), by
+    # method, and those that failed there, by status code.
+    calls_carried: dict[str, int]
+    calls_failed: dict[str, int]
 
 
 class RelayService(rpc.CoordinatorServicer):
-    """StreamProgress for agents, and Health for probes; every other method is
-    the coordinator's (UNIMPLEMENTED here, as the generated servicer answers)."""
+    """StreamProgress and WatchCommands for agents, and Health for probes. The
+    agents' other calls pass through as bytes (server.relay_calls); the
+    coordinator's relay methods, and unary ReportProgress, are not served
+    (UNIMPLEMENTED, as for any method a server lacks)."""
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "Health": grpc.unary_unary_rpc_method_handler(
+                self.Health,
+                request_deserializer=pb.HealthRequest.FromString,
+                response_serializer=pb.HealthResponse.SerializeToString,
+            ),
+            "WatchCommands": grpc.unary_stream_rpc_method_handler(
+                self.WatchCommands,
+                request_deserializer=pb.WatchRequest.FromString,
+                response_serializer=pb.Command.SerializeToString,
+            ),
+            "StreamProgress": grpc.stream_stream_rpc_method_handler(
+                self.StreamProgress,
+                request_deserializer=pb.ProgressReport.FromString,
+                response_serializer=pb.ProgressAck.SerializeToString,
+            ),
+        }
 
     async def Health(
         self, request: pb.HealthRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.HealthResponse:
         """Serving while the relay has its stream to the coordinator (without
         it agents are turned away), and the agents' streams it holds. Open
-        without a token, as the coordinator's Health is (auth.TokenAuth)."""
+        without a token, as the coordinator's Health is (auth.TokenAuth).
+
+        An agent's clock exchange (client_send_ns set) is the coordinator's to
+        answer: its clock, not the relay's. The relay's hop lengthens the round
+        trip, and the offset's error bound, half of it, grows to match."""
         relay = self.relay
+        if request.client_send_ns and relay.carried is not None:
+            return await relay.carried.health(request, context)
         return pb.HealthResponse(
             serving=relay.connected,
             version=__version__,
@@ -234,6 +271,7 @@ class Relay:
         self.address = ""
         self.http_address = ""
         self._http: RelayHttp | None = None
+        self.carried: CarriedCalls | None = None  # made on the loop (_main)
         self.connected = False
         # Counts for /metrics (`stats`); only the loop thread changes them.
         self.batches_sent = 0
@@ -435,6 +473,8 @@ class Relay:
             commands_forwarded=self.commands_forwarded,
             not_forwarded=dict(self.not_forwarded),
             streams_ended=dict(self.streams_ended),
+            calls_carried=dict(self.carried.calls) if self.carried else {},
+            calls_failed=dict(self.carried.failed) if self.carried else {},
         )
 
     def stats(self, timeout: float = 2.0) -> RelayStats:
@@ -520,17 +560,20 @@ class Relay:
         options = self.server_options(self._max_bytes)
         interceptors = [TokenAuth(self._token)] if self._token else []
         server = grpc.aio.server(interceptors=interceptors, options=options)
-        rpc.add_CoordinatorServicer_to_server(RelayService(self), server)
+        channel = self._channel()
+        self.carried = CarriedCalls(channel)
+        handlers = {**self.carried.handlers(), **RelayService(self).handlers()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         addr = hostport(self.conf.serve.host, self.conf.serve.grpc_port)
         creds = server_credentials(self.conf.auth)
         port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
         if not port:
+            await channel.close()
             raise OSError(f"cannot bind {addr}")
         host = self.conf.serve.host
         self.address = hostport(host, port)
         self.relay_id = f"{socket.gethostname()}:{port}"
         await server.start()
-        channel = self._channel()
         self._watch_wake = asyncio.Event()
         forward = asyncio.create_task(self._forward(channel))
         forward.add_done_callback(self._upstream_ended)

@@ -29,6 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Final
 
 import prometheus_client
+from hangwatch.server.relay_calls import CARRIED
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -102,7 +103,24 @@ FAMILIES: Final = (
         "Commands (dump requests) the relay passed to its agents.",
         "",
     ),
+    (
+        "hangwatch_relay_calls_carried",
+        "counter",
+        "Agents' calls other than progress and commands (Register, events, uploads,"
+        " CompleteDump, clock exchanges) the relay carried to the coordinator, by method.",
+        "method",
+    ),
+    (
+        "hangwatch_relay_calls_failed",
+        "counter",
+        "Carried calls that failed at the coordinator or on the way, by gRPC status code"
+        " (the agent makes an UNAVAILABLE or DEADLINE_EXCEEDED one again, straight).",
+        "code",
+    ),
 )
+CARRIED_METHODS: Final = (*CARRIED, "Health")
+# Codes shown from the start: those a relay's own trouble gives.
+FAILED_CODES: Final = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 NOT_FORWARDED_REASONS: Final = ("backlog", "upstream_lost", "stopping")
 ENDED_REASONS: Final = (
     "no_coordinator",
@@ -136,6 +154,8 @@ class _Collector(Collector):
         by_reason = {
             "hangwatch_relay_reports_not_forwarded": (NOT_FORWARDED_REASONS, s.not_forwarded),
             "hangwatch_relay_agent_streams_ended": (ENDED_REASONS, s.streams_ended),
+            "hangwatch_relay_calls_carried": (CARRIED_METHODS, s.calls_carried),
+            "hangwatch_relay_calls_failed": (FAILED_CODES, s.calls_failed),
         }
         for name, kind, help_text, label in FAMILIES:
             family: GaugeMetricFamily | CounterMetricFamily

@@ -7,6 +7,7 @@ ranks behind a real agent are exercised by the end-to-end tests elsewhere.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import pickle
 import queue
@@ -355,13 +356,15 @@ def hang_rank_2(
     hosts: tuple[str, str] = ("host", "host"),
     on_stalled: Callable[[], None] | None = None,
     dump_timeout: float = 10.0,
+    uploads_via: rpc.CoordinatorStub | None = None,
 ) -> str:
     """Node a (ranks 0,1) and node b (ranks 2,3), registered and watching: three
     healthy steps before `seq`, then rank 2 never enters collective `seq` while
     the others wait in it (then `on_stalled()`, if given). Waits for the DUMP
     (up to `dump_timeout`),
     uploads every rank's dump (its meta naming host hosts[0] for node a's ranks,
-    hosts[1] for node b's) and completes; returns the incident id."""
+    hosts[1] for node b's) and completes, on `uploads_via` where given (a
+    relay's stub); returns the incident id."""
     for step in range(max(1, seq - 4), max(4, seq - 1)):
         a.progress({0: (step, step), 1: (step, step)})
         b.progress({2: (step, step), 3: (step, step)})
@@ -373,11 +376,15 @@ def hang_rank_2(
     cmd = a.next_command(timeout=dump_timeout)
     assert cmd.kind == pb.COMMAND_KIND_DUMP and b.next_command(timeout=10).kind == cmd.kind
     iid = cmd.incident_id
-    for ag, seqs in zip((a, b), stalled, strict=True):
+    for node, seqs in zip((a, b), stalled, strict=True):
+        ag = node
+        if uploads_via is not None:
+            ag = copy.copy(node)
+            ag.stub = uploads_via
         for r, (le, lc) in seqs.items():
             dump = gloo_dump(rank=r, last_enqueued=le, last_completed=lc)
             assert ag.upload(iid, r, f"{formats.FR_FILE_PREFIX}{r}", dump).complete
-            host = hosts[0] if ag is a else hosts[1]
+            host = hosts[0] if node is a else hosts[1]
             assert ag.upload(iid, r, formats.META_FILE, rank_meta(r, 4, host)).complete
         assert ag.complete(iid, sorted(seqs))
     return iid

@@ -3,6 +3,7 @@
 - `CoordinatorProc`: `hangwatch server` as a child process on a port it keeps
   across restarts, so `kill()` (SIGKILL) and `start()` look to agents exactly
   like a coordinator crash and a supervisor restarting it.
+- `RelayProc`: `hangwatch relay` as a child process, with its /metrics.
 - `AgentProc`: `hangwatch agent` as a child process, optionally inside a network
   namespace and/or with a skewed wall clock.
 - `TmpfsMount`: a small tmpfs mounted over a directory, to make it full or read-only.
@@ -204,6 +205,78 @@ class CoordinatorProc(_ChildProc):
             return rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=timeout)
 
     def __enter__(self) -> CoordinatorProc:
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# ---- relay ------------------------------------------------------------------------------
+
+# What `hangwatch relay` logs once each of its streams to the coordinator is up.
+RELAY_STREAMS_UP = ("forwarding progress to", "carrying agents' commands from")
+
+
+class RelayProc(_ChildProc):
+    """`python -m hangwatch relay` for `coordinator`, on ports of its own (0).
+    `start` returns once both its streams to the coordinator are up: an agent
+    that came before them would be turned away and go straight."""
+
+    what = "relay"
+
+    def __init__(
+        self, *, coordinator: str, log_path: Path, token: str | None = None, window: float = 0.1
+    ) -> None:
+        self.log_path = log_path
+        self.token = token
+        self.cmd = [
+            sys.executable, "-m", "hangwatch", "relay", "--grpc-port", "0", "--http-port", "0",
+            "--relay-window", str(window), "--coordinator", coordinator,
+        ]  # fmt: skip
+        self.grpc = self.http = ""
+
+    def start(self, timeout: float = 60.0) -> None:
+        if self.alive():
+            raise ChaosError("relay already running")
+        environ = _clean_env({env_var("token"): self.token} if self.token else None)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=environ,
+            )  # fmt: skip
+        end = time.monotonic() + timeout
+        while True:
+            text = _tail(self.log_path, 1 << 20)
+            line = next((x for x in text.splitlines() if x.startswith("hangwatch relay: ")), "")
+            if line and all(up in text for up in RELAY_STREAMS_UP):
+                fields = dict(f.split("=", 1) for f in line.split()[2:])
+                self.grpc, self.http = fields["grpc"], fields["http"]
+                return
+            if not self.alive() or time.monotonic() > end:
+                self.kill()
+                raise ChaosError(f"relay did not come up:\n{_tail(self.log_path)}")
+            time.sleep(0.1)
+
+    def metrics(
+        self, timeout: float = 10.0
+    ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Its /metrics, by (sample name, sorted labels)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        req = urllib.request.Request(f"http://{self.http}/metrics")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
+
+    def __enter__(self) -> RelayProc:
         if not self.alive():
             self.start()
         return self
