@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "report_interval_s": args.report_interval,
         "relays": args.relays,
         "relay_window_s": args.relay_window if args.relays else None,
+        "calls_via_relay": bool(args.relays) and not args.direct_calls,
     }
     coord = CoordinatorProcess(
         data_dir,
@@ -228,6 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         form=args.fleet_form,
         report_interval_s=args.report_interval,
         progress_relays=tuple(relays.addresses) if relays else (),
+        calls_via_relay=not args.direct_calls,
     )
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -503,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         help="`hangwatch relay` processes the fleet's progress goes through (0: none)",
     )
     p.add_argument("--relay-window", type=float, default=0.25)
+    p.add_argument(
+        "--direct-calls",
+        action="store_true",
+        help="with --relays: agents register, upload and complete straight to the coordinator,"
+        " as before relays carried those calls (each agent then holds a connection to it)",
+    )
     p.add_argument("--profile-healthy", help="py-spy raw profile of the healthy window")
     p.add_argument("--py-spy", default="py-spy")
     args = p.parse_args(argv)

@@ -23,6 +23,7 @@ from hangwatch import formats
 from hangwatch.formats import nodearchive
 from hangwatch.safepickle import safe_loads
 from tests.helpers import wait_until
+from tests.support.chaos import RelayProc
 from tests.support.simagents import (
     KINDS,
     OPS_PER_STEP,
@@ -219,3 +220,77 @@ def test_one_stalled_rank_among_many_agents_gives_one_incident(
         assert errors == [] and len(done) == len(tails_found) == RANKS
     # Either way the lagging rank's stacks reach the verdict's evidence.
     assert "_bias_dropout_add" in (inc["report"]["evidence"][str(LAGGING)]["stacks"] or "")
+
+
+def _established_to(address: str) -> int:
+    """TCP connections established to `address` (HOST:PORT on loopback), counted
+    at the server's end: /proc/net/tcp's rows whose local port is its port."""
+    port = int(address.rsplit(":", 1)[1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for row in f:
+                local, _, state = row.split()[1:4]
+                n += int(local.rsplit(":", 1)[1], 16) == port and state == "01"
+    return n
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("calls_via_relay", [True, False], ids=["carried", "straight"])
+def test_agents_behind_relays_hold_no_connection_to_the_coordinator(
+    tmp_path: Path, calls_via_relay: bool
+) -> None:
+    """32 agents behind 2 relays. With their calls carried (as the agent makes
+    them), the coordinator holds the relays' 2 connections and no agent's,
+    through registration, the healthy job and the whole incident (about 20 KB
+    of its memory each: benchmarks/grpc_conn_memory.py). Straight, as agents
+    registered and uploaded before, every agent holds one more."""
+    agents = RANKS // 8
+    data_dir = tmp_path / "coord"
+    with CoordinatorProcess(
+        data_dir,
+        stall_timeout=STALL_TIMEOUT,
+        dump_deadline=30,
+        agent_lost_timeout=30,
+        extra_args=["--full-dump-max-ranks", str(RANKS // 2)],
+    ) as coord:
+        relays = [
+            RelayProc(coordinator=coord.grpc, log_path=tmp_path / f"relay-{i}.log")
+            for i in range(2)
+        ]
+        try:
+            for r in relays:
+                r.start()
+            fleet = Fleet(
+                target=coord.grpc,
+                job_id="relayed-job",
+                ranks=RANKS,
+                entries=ENTRIES,
+                procs=1,
+                progress_relays=tuple(r.grpc for r in relays),
+                calls_via_relay=calls_via_relay,
+            )
+            with fleet:
+                assert fleet.wait_ready(timeout=40) == agents
+                expected = len(relays) + (0 if calls_via_relay else agents)
+                assert _established_to(coord.grpc) == expected
+                fleet.stall(LAGGING)
+                inc = coord.wait_incident("relayed-job", timeout=40)
+                assert _established_to(coord.grpc) == expected
+                stats = fleet.stats()
+            carried = [r.metrics() for r in relays]
+        finally:
+            for r in relays:
+                r.stop()
+        assert coord.stop() == 0, coord.log()[-3000:]
+    assert inc["status"] == "analyzed", inc.get("error")
+    assert inc["ranks_dumped"] == list(range(RANKS))
+    assert (inc["verdict"], inc["lagging_ranks"]) == ("hang", [LAGGING])
+    assert stats["errors"] == [] and stats["reports_failed"] == 0
+    # Each agent's Register and its node archive, through one relay or the other.
+    for method, count in (("Register", agents), ("UploadFiles", agents)):
+        through = sum(
+            m[("hangwatch_relay_calls_carried_total", (("method", method),))] for m in carried
+        )
+        assert through == (count if calls_via_relay else 0), (method, carried)

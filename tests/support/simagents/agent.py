@@ -57,6 +57,11 @@ class SimJobSpec:
     # Relays (`hangwatch relay`) progress streams go through, node i's through
     # relays[i % len]; empty, straight to the coordinator.
     progress_relays: tuple[str, ...] = ()
+    # With relays: the agent's other calls (Register, uploads, CompleteDump)
+    # through its relay too, as the agent makes them (server.relay_calls), so
+    # that it holds no connection to the coordinator. False: straight, as
+    # agents did before relays carried them (benchmarks compare the two).
+    calls_via_relay: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,7 +129,8 @@ class SimAgent(DumpUploads):
         self.channel = grpc.aio.insecure_channel(self.spec.target, options=options)
         self.stub = rpc.CoordinatorStub(self.channel)
         # Progress and commands go through a relay where the spec names some
-        # (as the agent's --progress-relay); everything else to the coordinator.
+        # (as the agent's --progress-relay), and its other calls too unless
+        # the spec says `calls_via_relay=False`.
         relays = self.spec.progress_relays
         self.relay_channel = (
             grpc.aio.insecure_channel(relays[node % len(relays)], options=options)
@@ -134,6 +140,7 @@ class SimAgent(DumpUploads):
         self.progress_stub = (
             rpc.CoordinatorStub(self.relay_channel) if self.relay_channel is not None else self.stub
         )
+        self.call_stub = self.progress_stub if self.spec.calls_via_relay else self.stub
         self.session_id = ""
         self.report_seq = 0
         self.stats = AgentStats()
@@ -173,7 +180,7 @@ class SimAgent(DumpUploads):
         """Register, retrying transient failures with backoff as the real agent does."""
         for attempt in range(attempts):
             try:
-                resp = await self.stub.Register(
+                resp = await self.call_stub.Register(
                     self.register_request(), timeout=UNARY_TIMEOUT_S, metadata=self.metadata
                 )
                 break
@@ -369,7 +376,7 @@ class SimAgent(DumpUploads):
             self.sent_entries[r] = max(self.sent_entries.get(r, -1), pos.enqueued)
         if not entries:
             return
-        ack = await self.stub.ReportEntries(
+        ack = await self.call_stub.ReportEntries(
             pb.EntryBatch(
                 job_id=self.spec.job_id,
                 agent_id=self.agent_id,

@@ -295,6 +295,7 @@ class Fleet:
         transport: str = "stream",
         form: str = "columns",
         progress_relays: tuple[str, ...] = (),
+        calls_via_relay: bool = True,
     ) -> None:
         self.topo = Topology(ranks=ranks, pp=pp)
         self.clock = Clock(epoch=time.time(), op_s=op_s)
@@ -319,6 +320,7 @@ class Fleet:
                 transport=transport,
                 form=form,
                 progress_relays=progress_relays,
+                calls_via_relay=calls_via_relay,
             )
             for i in range(procs)
         ]

@@ -62,7 +62,7 @@ class DumpUploads:
     ranks: list[int]
     pids: dict[int, int]
     metadata: tuple[tuple[str, str], ...]
-    stub: rpc.CoordinatorStub
+    call_stub: rpc.CoordinatorStub
     stats: AgentStats
     coordinator_stores_archives: bool
 
@@ -135,7 +135,7 @@ class DumpUploads:
                 yield msg
 
         try:
-            ack = await self.stub.UploadFiles(
+            ack = await self.call_stub.UploadFiles(
                 chunks(),
                 timeout=UPLOAD_TIMEOUT_S,
                 metadata=self.metadata,
@@ -161,7 +161,7 @@ class DumpUploads:
                 continue
             data, digest = self.fleet.dump_with_digest(r, rank_pos(r, idx, self.fleet.hang))
             try:
-                await self.stub.UploadBundle(
+                await self.call_stub.UploadBundle(
                     _chunks(self, incident_id, r, f"{formats.FR_FILE_PREFIX}{r}", data, digest),
                     timeout=UPLOAD_TIMEOUT_S,
                     metadata=self.metadata,
@@ -184,7 +184,7 @@ class DumpUploads:
                 try:
                     # Serial, as the real agent uploads: one file stream at a time.
                     for name, data, digest in self.bundle_files(r, pos):
-                        ack = await self.stub.UploadBundle(
+                        ack = await self.call_stub.UploadBundle(
                             _chunks(self, incident_id, r, name, data, digest),
                             timeout=UPLOAD_TIMEOUT_S,
                             metadata=self.metadata,
@@ -212,7 +212,7 @@ class DumpUploads:
             # deadline for ranks that were in fact dumped.
             for attempt in range(COMPLETE_ATTEMPTS):
                 try:
-                    res = await self.stub.CompleteDump(
+                    res = await self.call_stub.CompleteDump(
                         result, timeout=UNARY_TIMEOUT_S, metadata=self.metadata
                     )
                     break
