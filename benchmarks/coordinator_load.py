@@ -336,6 +336,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 3,
             ),
+            # The relays' share of the fan-out: with --relays the agents'
+            # uploads pass through them (on this machine's cores, at the fleet's nice).
+            "fanout_relay_cores": relays.cores(created, st["last_done_at"] or updated)
+            if relays is not None
+            else None,
             "fleet": {
                 k: st[k]
                 for k in (

@@ -210,7 +210,10 @@ class CoordinatorServicer:
         report is applied as StreamProgress applies it, in order. The coordinator
         answers only a report whose session is unknown or that is invalid
         (RelayAck); either ends that agent's stream at the relay, never the batch
-        stream. The agents still register, report events and upload directly.
+        stream. The relay carries its agents' other calls (Register, ReportEvent,
+        uploads, CompleteDump, Health with client_send_ns) to the coordinator's
+        own methods unchanged, with each agent's authorization and deadline, so
+        an agent behind a relay holds no connection to the coordinator.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
