@@ -489,9 +489,9 @@ class AgentSection:
     progress_relay: str = field(
         default="",
         metadata=_opt(
-            "HOST:PORT of a relay (`hangwatch relay`) for progress and commands; unset, the"
-            " coordinator. Registration, events and uploads always go to the coordinator, and"
-            " progress and commands do too for a minute after the relay fails.",
+            "HOST:PORT of a relay (`hangwatch relay`) for every call to the coordinator:"
+            " progress, commands, registration, events, uploads; unset, the coordinator."
+            " They go straight to the coordinator for a minute after the relay fails.",
             [AGENT],
         ),
     )
