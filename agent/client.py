@@ -218,6 +218,7 @@ class CoordinatorClient:
         # connection to the coordinator, about 20 KB of its memory each
         # (server.relay_calls). Any of the agent's threads makes these.
         self._calls_relay_down_until = 0.0
+        self._said_relay_older = False
         # Progress goes as columns where the coordinator reads them
         # (RegisterResponse.progress_columns), indexed by this session's group table.
         self._use_columns = False
@@ -269,7 +270,13 @@ class CoordinatorClient:
                 if code not in RELAY_FAULTS:
                     raise  # the coordinator's own answer
                 self._calls_relay_down_until = time.monotonic() + RELAY_RETRY_S
-                log.warning(
+                # A relay older than carrying calls says so every RELAY_RETRY_S
+                # for as long as it runs: a warning the first time, not each minute.
+                older = code == grpc.StatusCode.UNIMPLEMENTED
+                level = logging.DEBUG if older and self._said_relay_older else logging.WARNING
+                self._said_relay_older |= older
+                log.log(
+                    level,
                     "%s through relay %s failed (%s: %s); calling the coordinator for %.0f s",
                     method,
                     self.cfg.agent.progress_relay,

@@ -201,6 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "relays": args.relays,
         "relay_window_s": args.relay_window if args.relays else None,
         "calls_via_relay": bool(args.relays) and not args.direct_calls,
+        "coordinator_env": args.coordinator_env,
     }
     coord = CoordinatorProcess(
         data_dir,
@@ -208,6 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dump_deadline=args.dump_deadline,
         agent_lost_timeout=args.agent_lost_timeout,
         extra_args=["--full-dump-max-ranks", str(args.full_dump_max_ranks)],
+        extra_env=dict(kv.split("=", 1) for kv in args.coordinator_env),
     )
     pid = coord.pid
     sampler = CpuSampler(pid)
@@ -515,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --relays: agents register, upload and complete straight to the coordinator,"
         " as before relays carried those calls (each agent then holds a connection to it)",
+    )
+    p.add_argument(
+        "--coordinator-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the coordinator's environment only, e.g. an allocator's setting (repeatable)",
     )
     p.add_argument("--profile-healthy", help="py-spy raw profile of the healthy window")
     p.add_argument("--py-spy", default="py-spy")

@@ -12,6 +12,7 @@ again at once, straight, its upload chunks built anew.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -218,11 +219,12 @@ def test_a_call_the_relay_cannot_carry_goes_straight_at_once(
 
 @pytest.mark.timeout(60)
 def test_behind_a_relay_older_than_carrying_calls_the_agent_calls_straight(
-    coordinator: Coordinator,
+    coordinator: Coordinator, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A relay that serves only progress and commands (as before calls were
     carried) answers the rest UNIMPLEMENTED, as any gRPC server answers a
-    method it lacks: the agent registers straight all the same."""
+    method it lacks: the agent registers straight all the same, and says so
+    once, not every time it tries the relay again."""
     older = grpc.server(ThreadPoolExecutor(2))
     rpc.add_CoordinatorServicer_to_server(rpc.CoordinatorServicer(), older)
     port = older.add_insecure_port("127.0.0.1:0")
@@ -233,9 +235,14 @@ def test_behind_a_relay_older_than_carrying_calls_the_agent_calls_straight(
         )
         a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
         try:
-            assert a.register(rank_infos([0, 1], 2))
-            assert not a.calls_via_relay
-            assert _requests(coordinator, "Register") == 1
+            with caplog.at_level(logging.DEBUG, logger="hangwatch.agent"):
+                for _ in range(3):
+                    a._calls_relay_down_until = 0.0  # the pause over (its length is not the point)
+                    assert a.register(rank_infos([0, 1], 2))
+                    assert not a.calls_via_relay
+            assert _requests(coordinator, "Register") == 3
+            said = [r.levelno for r in caplog.records if "through relay" in r.getMessage()]
+            assert said == [logging.WARNING, logging.DEBUG, logging.DEBUG], said
         finally:
             a.close()
     finally:

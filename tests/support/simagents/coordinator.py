@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,6 +49,7 @@ class CoordinatorProcess:
         agent_lost_timeout: float = 30.0,
         extra_args: Sequence[str] = (),
         start_timeout: float = 60.0,
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = self.data_dir / "coordinator.log"
@@ -75,6 +76,7 @@ class CoordinatorProcess:
         ]
         # The caller's hangwatch settings (token, ports) must not leak in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANGWATCH_")}
+        env.update(extra_env or {})  # the coordinator's alone (an allocator's settings, say)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
