@@ -241,22 +241,26 @@ class RelayProc(_ChildProc):
         if self.alive():
             raise ChaosError("relay already running")
         environ = _clean_env({env_var("token"): self.token} if self.token else None)
+        # Its one line of addresses on a pipe of its own: written into the log
+        # beside its log records, the line and its newline were seen split by one.
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                 env=environ,
             )  # fmt: skip
+        assert self.proc.stdout is not None
+        with self.proc.stdout:  # it writes nothing else there
+            line = self.proc.stdout.readline().decode(errors="replace")
+        if not line.startswith("hangwatch relay: "):
+            self.kill()
+            raise ChaosError(f"relay did not start: {line!r}\n{_tail(self.log_path)}")
+        fields = dict(f.split("=", 1) for f in line.split()[2:])
+        self.grpc, self.http = fields["grpc"], fields["http"]
         end = time.monotonic() + timeout
-        while True:
-            text = _tail(self.log_path, 1 << 20)
-            line = next((x for x in text.splitlines() if x.startswith("hangwatch relay: ")), "")
-            if line and all(up in text for up in RELAY_STREAMS_UP):
-                fields = dict(f.split("=", 1) for f in line.split()[2:])
-                self.grpc, self.http = fields["grpc"], fields["http"]
-                return
+        while not all(up in _tail(self.log_path, 1 << 20) for up in RELAY_STREAMS_UP):
             if not self.alive() or time.monotonic() > end:
                 self.kill()
-                raise ChaosError(f"relay did not come up:\n{_tail(self.log_path)}")
+                raise ChaosError(f"relay did not reach its coordinator:\n{_tail(self.log_path)}")
             time.sleep(0.1)
 
     def metrics(
