@@ -23,6 +23,7 @@ import grpc
 import pytest
 from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.incidents.store import IncidentRow
+from hangwatch.server.relay import Relay
 
 from hangwatch import formats
 from hangwatch.config import Config
@@ -68,6 +69,24 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Coordinator]]:
 @pytest.fixture
 def coordinator(start_coordinator: Callable[..., Coordinator]) -> Coordinator:
     return start_coordinator()
+
+
+def start_relay(coordinator: str, **kw: Any) -> Relay:
+    """A relay (`server.relay`) for `coordinator`, on ports 0, started; its
+    window 0.1 s unless `relay_window` says otherwise."""
+    kw.setdefault("relay_window", 0.1)
+    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, http_port=0, **kw))
+    r.start()
+    return r
+
+
+@pytest.fixture
+def relay(coordinator: Coordinator) -> Iterator[Relay]:
+    """A relay for `coordinator`, with both its streams to it up."""
+    r = start_relay(coordinator.grpc_address)
+    wait_for(lambda: r.connected and r.commands_connected, 10, "the relay's streams")
+    yield r
+    r.stop()
 
 
 @pytest.fixture

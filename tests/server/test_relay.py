@@ -29,24 +29,10 @@ from hangwatch.server.relay import Relay
 
 from hangwatch.config import Config
 from hangwatch.wire import pb, rpc
-from tests.server.conftest import free_port, progress_at, rank_infos, wait_for
+from tests.server.conftest import free_port, progress_at, rank_infos, start_relay, wait_for
 from tests.support.pki import make_pki, needs_openssl
 
 JOB = "relayed"
-
-
-def _relay(coordinator: str, **kw: object) -> Relay:
-    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, http_port=0, relay_window=0.1, **kw))
-    r.start()
-    return r
-
-
-@pytest.fixture
-def relay(coordinator: Coordinator) -> Iterator[Relay]:
-    r = _relay(coordinator.grpc_address)
-    wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
-    yield r
-    r.stop()
 
 
 @pytest.fixture
@@ -194,7 +180,7 @@ def test_when_the_relay_stops_its_agents_report_to_the_coordinator(
 
 @pytest.mark.timeout(60)
 def test_a_relay_without_its_coordinator_turns_agents_away(coordinator: Coordinator) -> None:
-    r = _relay(f"127.0.0.1:{free_port()}")  # a port nothing listens on
+    r = start_relay(f"127.0.0.1:{free_port()}")  # a port nothing listens on
     try:
         cfg = Config.of(coordinator=coordinator.grpc_address, progress_relay=r.address, job_id=JOB)
         a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")
@@ -223,7 +209,7 @@ def test_after_its_coordinator_restarts_the_relay_reconnects_and_agents_come_bac
     monkeypatch.setattr(client_mod, "RELAY_RETRY_S", 2.0)
     port = free_port()
     first = start_coordinator(grpc_port=port)
-    r = _relay(first.grpc_address)
+    r = start_relay(first.grpc_address)
     try:
         wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
         cfg = Config.of(coordinator=first.grpc_address, progress_relay=r.address, job_id=JOB)
@@ -375,7 +361,7 @@ def test_a_relay_serves_and_dials_mutual_tls(
     coordinator = start_coordinator(
         tls_cert=str(d / "coordinator.pem"), tls_key=str(d / "coordinator.key"), tls_ca=ca
     )
-    relay = _relay(
+    relay = start_relay(
         coordinator.grpc_address,
         tls_cert=str(d / "relay.pem"),
         tls_key=str(d / "relay.key"),
@@ -422,14 +408,14 @@ def test_a_relay_answers_health_while_it_has_its_coordinator(coordinator: Coordi
     """Health is the relay's own: serving only with its stream to the
     coordinator up (agents are turned away without it), open without a token."""
     port = free_port()
-    relay = _relay(f"127.0.0.1:{port}")  # nothing listens there
+    relay = start_relay(f"127.0.0.1:{port}")  # nothing listens there
     try:
         with grpc.insecure_channel(relay.address) as ch:
             h = rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=10)
         assert not h.serving and h.version
     finally:
         relay.stop()
-    relay = _relay(coordinator.grpc_address, token="s3cret")
+    relay = start_relay(coordinator.grpc_address, token="s3cret")
     try:
         wait_for(lambda: relay.connected, 10, "the relay's stream to the coordinator")
         with grpc.insecure_channel(relay.address) as ch:

@@ -31,26 +31,12 @@ from tests.server.conftest import (
     free_port,
     hang_rank_2,
     rank_infos,
+    start_relay,
     two_nodes,
-    wait_for,
     wait_status,
 )
 
 JOB = "carried"
-
-
-def _relay(coordinator: str, **kw: object) -> Relay:
-    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, http_port=0, relay_window=0.1, **kw))
-    r.start()
-    return r
-
-
-@pytest.fixture
-def relay(coordinator: Coordinator) -> Iterator[Relay]:
-    r = _relay(coordinator.grpc_address)
-    wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
-    yield r
-    r.stop()
 
 
 @pytest.fixture
@@ -150,7 +136,7 @@ def test_the_agents_own_token_crosses_the_relay_and_a_wrong_one_is_refused_there
     """A relay with no token of its own: the coordinator, not the relay,
     decides who an agent is, and its refusal reaches the agent unchanged."""
     coordinator = start_coordinator(token="s3cret")
-    r = _relay(coordinator.grpc_address)
+    r = start_relay(coordinator.grpc_address)
     try:
         nowhere = f"127.0.0.1:{free_port()}"
         made = []
@@ -182,7 +168,7 @@ def test_a_call_the_relay_cannot_carry_goes_straight_at_once(
     makes the call again straight, at once, and goes straight for
     RELAY_RETRY_S; an upload's chunks are built anew for the second try (a
     stream already read cannot be sent twice)."""
-    r = _relay(f"127.0.0.1:{free_port()}")  # nothing listens there
+    r = start_relay(f"127.0.0.1:{free_port()}")  # nothing listens there
     try:
         cfg = Config.of(coordinator=coordinator.grpc_address, progress_relay=r.address, job_id=JOB)
         a = CoordinatorClient(cfg, agent_id="node-0", host="host-0")

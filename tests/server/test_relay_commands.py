@@ -58,15 +58,6 @@ class Watch:
 
 
 @pytest.fixture
-def relay(coordinator: Coordinator) -> Iterator[Relay]:
-    r = Relay(Config.of(coordinator=coordinator.grpc_address, grpc_port=0, http_port=0))
-    r.start()
-    wait_for(lambda: r.connected and r.commands_connected, 10, "the relay's streams")
-    yield r
-    r.stop()
-
-
-@pytest.fixture
 def agents(coordinator: Coordinator, relay: Relay) -> Iterator[Callable[[int], CoordinatorClient]]:
     made: list[CoordinatorClient] = []
 

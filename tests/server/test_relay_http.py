@@ -23,16 +23,10 @@ from hangwatch.server.relay_http import ENDED_REASONS, FAMILIES, NOT_FORWARDED_R
 from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.config import Config
-from tests.server.conftest import free_port, progress_at, rank_infos, wait_for
+from tests.server.conftest import free_port, progress_at, rank_infos, start_relay, wait_for
 
 JOB = "relay-http"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _relay(coordinator: str, **kw: object) -> Relay:
-    r = Relay(Config.of(coordinator=coordinator, grpc_port=0, http_port=0, **kw))
-    r.start()
-    return r
 
 
 def _get(relay: Relay, path: str, token: str | None = None) -> httpx.Response:
@@ -76,7 +70,7 @@ def _until_refused(client: CoordinatorClient, ranks: list[int]) -> grpc.RpcError
 
 @pytest.fixture
 def relay(coordinator: Coordinator) -> Iterator[Relay]:
-    r = _relay(coordinator.grpc_address, relay_window=0.05)
+    r = start_relay(coordinator.grpc_address, relay_window=0.05)
     wait_for(lambda: r.connected, 10, "the relay's stream to the coordinator")
     yield r
     r.stop()
@@ -119,7 +113,7 @@ def test_the_relay_counts_what_it_took_and_sent_on(coordinator: Coordinator, rel
 def test_the_relays_metrics_are_behind_its_token_and_its_probes_are_not(
     coordinator: Coordinator,
 ) -> None:
-    relay = _relay(coordinator.grpc_address, token="relay-metrics-token")
+    relay = start_relay(coordinator.grpc_address, token="relay-metrics-token")
     try:
         assert _get(relay, "/metrics").status_code == 401
         assert _get(relay, "/metrics", "wrong-token").status_code == 401
@@ -138,7 +132,7 @@ def test_when_its_coordinator_goes_the_relay_says_so_and_counts_whom_it_ended(
     start_coordinator: Callable[..., Coordinator],
 ) -> None:
     coordinator = start_coordinator()
-    relay = _relay(coordinator.grpc_address, relay_window=0.05)
+    relay = start_relay(coordinator.grpc_address, relay_window=0.05)
     try:
         wait_for(lambda: relay.connected, 10, "the relay's stream to the coordinator")
         a = _agent(coordinator, relay, 0)
@@ -166,7 +160,7 @@ def test_when_its_coordinator_goes_the_relay_says_so_and_counts_whom_it_ended(
 
 @pytest.mark.timeout(60)
 def test_agents_turned_away_without_a_coordinator_are_counted(coordinator: Coordinator) -> None:
-    relay = _relay(f"127.0.0.1:{free_port()}")  # nothing listens there
+    relay = start_relay(f"127.0.0.1:{free_port()}")  # nothing listens there
     try:
         assert _get(relay, "/readyz").status_code == 503
         a = _agent(coordinator, relay, 0)  # registered with the live coordinator
@@ -191,7 +185,7 @@ def test_reports_turned_away_for_backlog_are_counted_and_so_are_those_held_at_st
     third agent's report is turned away (RESOURCE_EXHAUSTED) and counted; the
     two held are counted as not forwarded when the relay stops."""
     monkeypatch.setattr(relay_mod, "MAX_PENDING", 2)
-    relay = _relay(coordinator.grpc_address, relay_window=120.0)
+    relay = start_relay(coordinator.grpc_address, relay_window=120.0)
     clients: list[CoordinatorClient] = []
     try:
         wait_for(lambda: relay.connected, 10, "the relay's stream to the coordinator")
