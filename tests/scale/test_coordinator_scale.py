@@ -117,21 +117,25 @@ def test_templated_dump_is_exactly_the_pickled_dump() -> None:
             assert any(e["state"] == "started" for e in d["entries"])
 
 
+def _coordinator(data_dir: Path, *, full_dump_max_ranks: int) -> CoordinatorProcess:
+    return CoordinatorProcess(
+        data_dir,
+        stall_timeout=STALL_TIMEOUT,
+        dump_deadline=30,
+        agent_lost_timeout=30,
+        extra_args=["--full-dump-max-ranks", str(full_dump_max_ranks)],
+    )
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("two_phase", [False, True], ids=["full-dumps", "tails-first"])
 def test_one_stalled_rank_among_many_agents_gives_one_incident(
     tmp_path: Path, two_phase: bool
 ) -> None:
     data_dir = tmp_path / "coord"
-    with CoordinatorProcess(
-        data_dir,
-        stall_timeout=STALL_TIMEOUT,
-        dump_deadline=30,
-        agent_lost_timeout=30,
-        # Below the job's size: the large-job path (tails, then the lagging
-        # rank's full dump) at a size CI can afford.
-        extra_args=["--full-dump-max-ranks", str(RANKS // 2 if two_phase else RANKS)],
-    ) as coord:
+    # Below the job's size: the large-job path (tails, then the lagging
+    # rank's full dump) at a size CI can afford.
+    with _coordinator(data_dir, full_dump_max_ranks=RANKS // 2 if two_phase else RANKS) as coord:
         fleet = Fleet(target=coord.grpc, job_id="scale-job", ranks=RANKS, entries=ENTRIES, procs=1)
         with fleet:
             assert fleet.wait_ready(timeout=40) == RANKS // 8
@@ -260,13 +264,7 @@ def test_agents_behind_relays_hold_no_connection_to_the_coordinator(
     registered and uploaded before, every agent holds at least one."""
     agents = RANKS // 8
     data_dir = tmp_path / "coord"
-    with CoordinatorProcess(
-        data_dir,
-        stall_timeout=STALL_TIMEOUT,
-        dump_deadline=30,
-        agent_lost_timeout=30,
-        extra_args=["--full-dump-max-ranks", str(RANKS // 2)],
-    ) as coord:
+    with _coordinator(data_dir, full_dump_max_ranks=RANKS // 2) as coord:
         relays = [
             RelayProc(coordinator=coord.grpc, log_path=tmp_path / f"relay-{i}.log")
             for i in range(2)
