@@ -5,8 +5,9 @@ A real coordinator, a real `hangwatch relay` and a real agent whose
 that hangs. Every call the agent makes (Register, its clock exchange,
 progress, the DUMP command, the uploads, CompleteDump) can reach the
 coordinator only through the relay: the incident completes, with every rank
-dumped and the scenario's verdict, only if none of them went straight.
-Expectations come from the scenario's ground truth, never from the analyzer.
+dumped and the scenario's verdict, only if none of them went straight; the
+relay then stops on SIGTERM and exits 0. Expectations come from the
+scenario's ground truth, never from the analyzer.
 """
 
 from __future__ import annotations
@@ -65,14 +66,20 @@ def test_an_agent_that_cannot_reach_the_coordinator_is_served_whole_by_its_relay
             raise AssertionError(f"{e}\n--- agent.log\n{agent.log()[-6000:]}") from e
         finally:
             agent.stop()
+        m = relay.metrics()
+        # SIGTERM: the relay stops within its bound and exits 0.
+        assert relay.stop(grace=15) == 0, relay.log()[-4000:]
         rep = inc["report"]
         assert rep is not None, inc
         assert rep["verdict"] == sc.verdict, rep["summary"]
         assert rep["lagging_ranks"] == sc.lagging_ranks(WORLD), rep["summary"]
+        expected = sc.stalled(WORLD, sc.default_steps)
+        assert expected is not None
+        st = rep["stalled_collective"]
+        assert (st["group"], st["seq"], st["op"]) == (expected.group, expected.seq, expected.op)
         # Every rank's evidence arrived, through the relay: there was no other way.
         assert sorted(inc["ranks_dumped"]) == list(range(WORLD)), inc
         assert not inc["ranks_unreachable"], inc
-        m = relay.metrics()
 
         def carried(method: str) -> float:
             return m[("hangwatch_relay_calls_carried_total", (("method", method),))]
