@@ -77,6 +77,25 @@ SERVER_MAX_PENDING: Final = 16_384
 SERVER_MAX_PENDING_HARD: Final = 65_536
 
 
+def server_keepalive_options() -> list[tuple[str, int]]:
+    """gRPC server options on pings, for every server agents dial (the
+    coordinator, a relay). Agents ping every 20 s, with or without calls
+    (agent.client.build_channel), and a hangwatch server rarely sends its
+    agents anything. gRPC's default server takes one ping in 5 min "without
+    data" and ends the connection after 2 strikes (GOAWAY too_many_pings):
+    a relay that kept the defaults dropped its agents about a minute after
+    they connected (32,768 simulated ranks through 16 relays), and they went
+    straight to the coordinator. The server's own pings find dead agents'
+    streams without waiting for TCP's timeouts."""
+    return [
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
 def server_backlog_options() -> list[tuple[str, int]]:
     """gRPC server options: how many calls may wait to be taken (above)."""
     return [

@@ -38,7 +38,12 @@ from hangwatch.server.workers import Worker, Workers, executor_threads
 from hangwatch.addresses import hostport
 from hangwatch.config import Config
 from hangwatch.tls import server_credentials
-from hangwatch.wire import message_size_options, rpc, server_backlog_options
+from hangwatch.wire import (
+    message_size_options,
+    rpc,
+    server_backlog_options,
+    server_keepalive_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +51,7 @@ log = logging.getLogger(__name__)
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
     return [
         *message_size_options(config.auth.max_message_bytes),
-        # Find dead agents' streams without waiting for TCP timeouts, and let
-        # agents keep idle command streams alive with their own pings.
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-        ("grpc.http2.max_ping_strikes", 0),
+        *server_keepalive_options(),
         ("grpc.so_reuseport", 0),
         *server_backlog_options(),
     ]

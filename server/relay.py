@@ -79,6 +79,7 @@ from hangwatch.wire import (
     pb,
     rpc,
     server_backlog_options,
+    server_keepalive_options,
 )
 
 log = logging.getLogger("hangwatch.relay")
@@ -308,9 +309,16 @@ class Relay:
 
     @staticmethod
     def server_options(max_bytes: int) -> list[tuple[str, int]]:
-        """The agent-facing server's options: its agents reconnect at once
-        when it restarts, so it takes the coordinator's backlog too."""
-        return [*message_size_options(max_bytes), *server_backlog_options()]
+        """The agent-facing server's options: its agents ping it as they ping
+        the coordinator, and reconnect at once when it restarts, so it takes
+        the coordinator's pings and backlog too; and no second relay may
+        bind its port."""
+        return [
+            *message_size_options(max_bytes),
+            *server_keepalive_options(),
+            ("grpc.so_reuseport", 0),
+            *server_backlog_options(),
+        ]
 
     # ---- the agents' side (on the loop) -------------------------------------
 

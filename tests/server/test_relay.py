@@ -447,3 +447,29 @@ def test_the_coordinator_counts_each_relays_reports_and_its_open_streams(
         10,
         "the relay's stream counted closed",
     )
+
+
+@pytest.mark.timeout(60)
+def test_a_relay_keeps_an_agent_that_pings_often_while_it_has_nothing_to_say(
+    relay: Relay, agents: Callable[[int], CoordinatorClient]
+) -> None:
+    """Agents ping every 20 s with or without calls, and a relay rarely sends
+    them anything. With gRPC's default server settings (one ping in 5 min
+    "without data", GOAWAY past 2 strikes) a relay dropped its agents about a
+    minute after they connected (32,768 simulated ranks through 16 relays).
+    Here a quiet WatchCommands call pings every 0.5 s under a 6 s deadline:
+    its deadline ends it, not the relay (UNAVAILABLE "Too many pings" after
+    3.5 s at a relay with gRPC's defaults)."""
+    a = agents(0)
+    options = [
+        ("grpc.keepalive_time_ms", 500),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    with grpc.insecure_channel(relay.address, options=options) as ch:
+        call = rpc.CoordinatorStub(ch).WatchCommands(
+            pb.WatchRequest(job_id=JOB, agent_id=a.agent_id, session_id=a.session_id), timeout=6
+        )
+        with pytest.raises(grpc.RpcError) as ei:
+            list(call)
+    assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, ei.value
