@@ -109,9 +109,9 @@ def test_an_agent_behind_a_relay_makes_every_call_through_it(
 def test_an_incidents_uploads_through_a_relay_are_stored_and_analysed(
     coordinator: Coordinator, relay: Relay
 ) -> None:
-    """Every rank's FR dump and meta, in 2 KB chunks (many messages a file),
-    and CompleteDump through the relay; the verdict is the one a straight
-    upload gets (tests/server/test_grpc.py)."""
+    """Every rank's FR dump and meta (8 UploadBundle streams) and each node's
+    CompleteDump through the relay; the verdict is the one a straight upload
+    gets (tests/server/test_grpc.py)."""
     with (
         grpc.insecure_channel(coordinator.grpc_address) as straight,
         grpc.insecure_channel(relay.address) as via,
