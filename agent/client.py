@@ -262,7 +262,7 @@ class CoordinatorClient:
         the relay could not carry (RELAY_RETRY_AT_ONCE) is made again at once,
         straight: `make` builds its request anew each time (an upload's chunks)."""
         relay = self._relay
-        if relay is not None and time.monotonic() >= self._calls_relay_down_until:
+        if relay is not None and self.calls_via_relay:
             try:
                 return make(relay)
             except grpc.RpcError as e:

@@ -104,6 +104,18 @@ def server_backlog_options() -> list[tuple[str, int]]:
     ]
 
 
+def agent_server_options(max_bytes: int) -> list[tuple[str, int]]:
+    """Every option of a gRPC server agents dial (the coordinator, a relay):
+    their messages, their pings, their bursts; and no second server may bind
+    its port."""
+    return [
+        *message_size_options(max_bytes),
+        *server_keepalive_options(),
+        ("grpc.so_reuseport", 0),
+        *server_backlog_options(),
+    ]
+
+
 def member_runs(members: Iterable[int]) -> list[int]:
     """GroupInfo.rank_ranges for `members`: (start, stop, step) triples, the
     longest arithmetic run first, greedily."""

@@ -38,23 +38,13 @@ from hangwatch.server.workers import Worker, Workers, executor_threads
 from hangwatch.addresses import hostport
 from hangwatch.config import Config
 from hangwatch.tls import server_credentials
-from hangwatch.wire import (
-    message_size_options,
-    rpc,
-    server_backlog_options,
-    server_keepalive_options,
-)
+from hangwatch.wire import agent_server_options, rpc
 
 log = logging.getLogger(__name__)
 
 
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
-    return [
-        *message_size_options(config.auth.max_message_bytes),
-        *server_keepalive_options(),
-        ("grpc.so_reuseport", 0),
-        *server_backlog_options(),
-    ]
+    return list(agent_server_options(config.auth.max_message_bytes))
 
 
 def _nothing() -> None:

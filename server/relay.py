@@ -75,11 +75,10 @@ from hangwatch.lifecycle import ShutdownSignals, configure_logging
 from hangwatch.tls import channel_credentials, server_credentials
 from hangwatch.wire import (
     MAX_RELAYED_REPORTS,
+    agent_server_options,
     message_size_options,
     pb,
     rpc,
-    server_backlog_options,
-    server_keepalive_options,
 )
 
 log = logging.getLogger("hangwatch.relay")
@@ -151,7 +150,7 @@ class RelayStats:
     calls_failed: dict[str, int]
 
 
-class RelayService(rpc.CoordinatorServicer):
+class RelayService:
     """StreamProgress and WatchCommands for agents, and Health for probes. The
     agents' other calls pass through as bytes (server.relay_calls); the
     coordinator's relay methods, and unary ReportProgress, are not served
@@ -309,16 +308,9 @@ class Relay:
 
     @staticmethod
     def server_options(max_bytes: int) -> list[tuple[str, int]]:
-        """The agent-facing server's options: its agents ping it as they ping
-        the coordinator, and reconnect at once when it restarts, so it takes
-        the coordinator's pings and backlog too; and no second relay may
-        bind its port."""
-        return [
-            *message_size_options(max_bytes),
-            *server_keepalive_options(),
-            ("grpc.so_reuseport", 0),
-            *server_backlog_options(),
-        ]
+        """The agent-facing server's options: the coordinator's (its agents
+        ping it alike, and reconnect together when it restarts)."""
+        return agent_server_options(max_bytes)
 
     # ---- the agents' side (on the loop) -------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, Final
 
 import grpc
@@ -48,9 +48,6 @@ CARRIED: Final = {
 # gRPC's own headers are the relay's to set on its call.
 PASSED_METADATA: Final = frozenset({"authorization"})
 
-_Unary = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]
-_Streaming = Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]
-
 
 def agent_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, str], ...]:
     """The agent's metadata that goes on with its call."""
@@ -73,38 +70,25 @@ class CarriedCalls:
         self.failed: Counter[str] = Counter()
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        out: dict[str, grpc.RpcMethodHandler] = {}
-        for name, streaming in CARRIED.items():
-            path = f"/{SERVICE}/{name}"
-            if streaming:
-                out[name] = grpc.stream_unary_rpc_method_handler(self._streaming(name, path))
-            else:
-                out[name] = grpc.unary_unary_rpc_method_handler(self._unary(name, path))
-        return out
+        return {name: self._handler(name, streaming) for name, streaming in CARRIED.items()}
 
-    def _unary(self, name: str, path: str) -> _Unary:
-        upstream = self._channel.unary_unary(path)
+    def _handler(self, name: str, streaming: bool) -> grpc.RpcMethodHandler:
+        """The method's call made again upstream: the request (a unary one's
+        bytes, or a stream's messages as they come), then the answer."""
+        path = f"/{SERVICE}/{name}"
+        channel = self._channel
+        upstream = channel.stream_unary(path) if streaming else channel.unary_unary(path)
 
-        async def carry(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        async def carry(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
             call = upstream(
                 request, timeout=context.time_remaining(), metadata=agent_metadata(context)
             )
-            return await self._answer(name, call, context)
+            answer: bytes = await self._answer(name, call, context)
+            return answer
 
-        return carry
-
-    def _streaming(self, name: str, path: str) -> _Streaming:
-        upstream = self._channel.stream_unary(path)
-
-        async def carry(
-            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
-        ) -> bytes:
-            call = upstream(
-                requests, timeout=context.time_remaining(), metadata=agent_metadata(context)
-            )
-            return await self._answer(name, call, context)
-
-        return carry
+        if streaming:
+            return grpc.stream_unary_rpc_method_handler(carry)
+        return grpc.unary_unary_rpc_method_handler(carry)
 
     async def health(
         self, request: pb.HealthRequest, context: grpc.aio.ServicerContext[Any, Any]

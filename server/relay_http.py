@@ -113,8 +113,9 @@ FAMILIES: Final = (
     (
         "hangwatch_relay_calls_failed",
         "counter",
-        "Carried calls that failed at the coordinator or on the way, by gRPC status code"
-        " (the agent makes an UNAVAILABLE or DEADLINE_EXCEEDED one again, straight).",
+        "Carried calls that failed at the coordinator or on the way, by gRPC status code."
+        " After an UNAVAILABLE, UNIMPLEMENTED or DEADLINE_EXCEEDED one the agent calls"
+        " the coordinator straight for a minute.",
         "code",
     ),
 )

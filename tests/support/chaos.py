@@ -30,7 +30,7 @@ import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from hangwatch.config import env_var
 from hangwatch.testing.ports import free_port
@@ -123,6 +123,18 @@ class _ChildProc:
     def log(self) -> str:
         return _tail(self.log_path, 1 << 20)
 
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        """Started (unless already running); stopped on exit."""
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
 
 class CoordinatorProc(_ChildProc):
     """`python -m hangwatch server` that can be SIGKILLed and restarted on the same
@@ -204,14 +216,6 @@ class CoordinatorProc(_ChildProc):
         with grpc.insecure_channel(self.grpc) as ch:
             return rpc.CoordinatorStub(ch).Health(pb.HealthRequest(), timeout=timeout)
 
-    def __enter__(self) -> CoordinatorProc:
-        if not self.alive():
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 # ---- relay ------------------------------------------------------------------------------
 
@@ -279,14 +283,6 @@ class RelayProc(_ChildProc):
             for fam in text_string_to_metric_families(text)
             for s in fam.samples
         }
-
-    def __enter__(self) -> RelayProc:
-        if not self.alive():
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 # ---- agent ------------------------------------------------------------------------------
