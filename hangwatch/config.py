@@ -39,8 +39,6 @@ ON_HANG = (OBSERVE, ABORT)
 # The placeholders --exclude-command may use.
 EXCLUDE_FIELDS = ("host", "node", "ranks", "incident")
 ENV_PREFIX = "HANGWATCH_"
-# glibc refuses an mmap threshold over HEAP_MAX_SIZE / 2: 32 MiB on 64-bit.
-MMAP_THRESHOLD_MAX_KB = 32 * 1024
 
 
 def _opt(
@@ -240,16 +238,6 @@ class ServeSection:
         default=8192,
         metadata=_opt(
             "Address-space cap of the coordinator's analyzer process, MiB: a hostile bundle fails its own analysis, never the coordinator (0 = no cap).",
-            [SERVER],
-        ),
-    )
-    mmap_threshold_kb: int = field(
-        default=64,
-        metadata=_opt(
-            "Memory blocks of this many KiB or more get a memory map of their own, given back"
-            " when freed (glibc's mmap threshold): the straggler monitor's per-tick arrays"
-            " then stay resident only while a tick is scored, about 1.5 KB a rank less."
-            " 0 leaves glibc's own moving threshold; MALLOC_MMAP_THRESHOLD_, where set, wins.",
             [SERVER],
         ),
     )
@@ -613,11 +601,6 @@ class Config:
                 f"--on-hang must be one of {', '.join(ON_HANG)}, got {self.respond.on_hang!r}"
             )
         if command == SERVER:
-            if not 0 <= self.serve.mmap_threshold_kb <= MMAP_THRESHOLD_MAX_KB:
-                raise ValueError(
-                    f"--mmap-threshold-kb must be 0 to {MMAP_THRESHOLD_MAX_KB},"
-                    f" got {self.serve.mmap_threshold_kb}"
-                )
             if self.respond.abort_grace < 0:
                 raise ValueError(f"--abort-grace must be 0 or more, got {self.respond.abort_grace}")
             self.respond.exclude_argv()

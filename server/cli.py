@@ -47,12 +47,7 @@ def run(ns: argparse.Namespace) -> int:
     except ValueError as e:
         return _refuse(f"bad setting: {e}")
     configure_logging(conf.job.log_level)
-    from hangwatch.server.heap import map_large_blocks
     from hangwatch.server.runtime import ServerRuntime, StartError
-
-    # The process's own allocator, set once by its entry point before the
-    # coordinator allocates anything; said once it serves (a refusal is one line).
-    heap = map_large_blocks(conf.serve.mmap_threshold_kb)
 
     with ShutdownSignals("hangwatch server") as stop:
         try:
@@ -61,7 +56,6 @@ def run(ns: argparse.Namespace) -> int:
         except StartError as e:
             return _refuse(str(e))
         print(f"hangwatch server: grpc={info.grpc} http={info.http}", flush=True)
-        log.info("heap: %s", heap)
         try:
             return runtime.serve()
         finally:

@@ -1,49 +1,55 @@
-"""The coordinator process's heap: large blocks get memory maps of their own.
+"""The coordinator process's heap: the free pages a straggler tick leaves go back.
 
 Why: the straggler monitor scores each tick with numpy arrays of one value per
 (group, rank) reading, 160 KB each at 4,096 ranks in 5 groups (1.3 MB at
 32,768). glibc maps a block that large only until the first mapped block is
 freed; from then on its threshold follows the largest block freed (up to 32
-MiB), and the tick's arrays come from the heap. The holes they leave are kept
-apart by small long-lived blocks allocated between ticks, so glibc cannot give
-them back, and they stay resident as free heap: 11 MB of it at 4,096 ranks,
-against 3 MB just after registration (mallinfo2; docs/benchmarks.md, "The
-coordinator maps its large blocks itself").
+MiB), and the tick's arrays come from the heap. Small long-lived blocks
+allocated between ticks keep the holes they leave apart, so the heap cannot
+shrink, and the holes stay resident as free heap: 11 MB of it at 4,096 ranks,
+against 3 MB just after registration (mallinfo2). Right after a tick, while its
+holes are whole, `malloc_trim(0)` hands their pages back to the kernel.
 
-A fixed threshold maps every block of `threshold_kb` or more and unmaps it when
-freed, so a tick's arrays are resident only while it is scored: 1.5 KB a rank
-less on the healthy 4,096-rank job (0.9 at 16,384), and scoring's CPU within
-the noise of interleaved runs. Set here rather than left to glibc's
-environment variable so that it is the default; a variable an operator set wins.
+Measured on healthy jobs (docs/benchmarks.md, "The coordinator gives back what
+a straggler tick leaves"): 1.4 KB a rank less at 4,096 ranks, 0.5 at 16,384;
+0.2-0.7 ms a trim, and about 0.006 of a core at 4,096 ranks for the next tick
+faulting its pages in again. Fixing glibc's mmap threshold at 64 KiB instead
+took as much off, but it mapped every upload chunk too: the coordinator's CPU
+through collection grew 10% at 4,096 ranks and 18% at 32,768, its system time
+doubled.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-from typing import Final
-
-# glibc's own variable for the same setting: set by an operator, it stands.
-ENV_VAR: Final = "MALLOC_MMAP_THRESHOLD_"
-# mallopt's parameter number for the threshold (glibc's malloc.h).
-_M_MMAP_THRESHOLD: Final = -3
+from collections.abc import Callable
 
 
-def map_large_blocks(threshold_kb: int) -> str:
-    """Fix this process's mmap threshold at `threshold_kb` KiB (glibc's
-    M_MMAP_THRESHOLD); 0 leaves glibc's moving threshold. Returns what was done,
-    in words for the log: a C library without mallopt, or one that refuses the
-    value, is left as it was, and says so."""
-    if threshold_kb <= 0:
-        return "glibc's moving mmap threshold left as it is (--mmap-threshold-kb 0)"
-    if os.environ.get(ENV_VAR):
-        return f"mmap threshold left to {ENV_VAR}={os.environ[ENV_VAR]} from the environment"
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return "mmap threshold left as it is: this C library has no mallopt"
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    if mallopt(_M_MMAP_THRESHOLD, threshold_kb * 1024) != 1:
-        return f"mmap threshold left as it is: mallopt refused {threshold_kb} KiB"
-    return f"blocks of {threshold_kb} KiB and more are mapped and unmapped on their own (mallopt)"
+class HeapTrim:
+    """glibc's `malloc_trim(0)`, where the C library has it; nothing elsewhere."""
+
+    def __init__(self) -> None:
+        trim: Callable[[int], int] | None
+        try:
+            fn = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            trim = None
+        else:
+            fn.argtypes = (ctypes.c_size_t,)
+            fn.restype = ctypes.c_int
+            trim = fn
+        self._trim = trim
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def describe(self) -> str:
+        """What the process does with its heap, in words for the log."""
+        if self._trim is None:
+            return "this C library has no malloc_trim: free heap stays with the allocator"
+        return "free pages given back after each straggler tick (malloc_trim)"
+
+    def __call__(self) -> bool:
+        """Give the heap's free pages back; True when any were."""
+        return self._trim is not None and self._trim(0) == 1

@@ -86,7 +86,6 @@ KNOWN_SETTINGS = {
     "store_password_file": ("serve", "--store-password-file", "HANGWATCH_STORE_PASSWORD_FILE"),
     "store_password": ("serve", None, "HANGWATCH_STORE_PASSWORD"),
     "analyzer_memory_mb": ("serve", "--analyzer-memory-mb", "HANGWATCH_ANALYZER_MEMORY_MB"),
-    "mmap_threshold_kb": ("serve", "--mmap-threshold-kb", "HANGWATCH_MMAP_THRESHOLD_KB"),
     "public_url": ("serve", "--public-url", "HANGWATCH_PUBLIC_URL"),
     "stall_timeout": ("detect", "--stall-timeout", "HANGWATCH_STALL_TIMEOUT"),
     "startup_grace": ("detect", "--startup-grace", "HANGWATCH_STARTUP_GRACE"),

@@ -1,4 +1,4 @@
-"""server.heap in a fresh interpreter: what glibc does with a large block after it."""
+"""server.heap in a fresh interpreter: what glibc keeps resident, and what a trim gives back."""
 
 from __future__ import annotations
 
@@ -9,72 +9,70 @@ import sys
 import textwrap
 
 import pytest
-from hangwatch.server.heap import ENV_VAR
+from hangwatch.server.heap import HeapTrim
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
     reason="glibc's allocator only",
 )
 
-# A block freed after glibc first maps one raises its moving threshold to that
-# block's size: from then on a 256 KiB array comes from the heap, as a
-# coordinator's per-tick arrays do once anything larger was freed. Then the
-# setting, then one 256 KiB block: how much more is mapped (mallinfo2.hblkhd).
+# A coordinator's straggler tick in miniature. Freeing one mapped 8 MiB block
+# raises glibc's moving threshold, so 40 arrays of 256 KiB then come from the
+# heap, each followed by a small block that outlives them (as the registry's
+# and gRPC's do between ticks). The arrays are freed, and the RSS read: after
+# the free, a second time, and after a trim where the probe is asked for one.
 PROBE = textwrap.dedent(
     """
-    import ctypes, json, sys
-    from hangwatch.server.heap import map_large_blocks
+    import json, os, sys
+    from hangwatch.server.heap import HeapTrim
 
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-        ).split()]
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = Info
     big = bytearray(8 << 20)
     del big
-    said = map_large_blocks(int(sys.argv[1]))
-    before = libc.mallinfo2().hblkhd
-    block = bytearray(256 << 10)
-    print(json.dumps({"said": said, "mapped": libc.mallinfo2().hblkhd - before}))
+    start = rss()
+    arrays, kept = [], []
+    for _ in range(40):
+        arrays.append(bytearray(256 << 10))
+        kept.append(bytes(1000))
+    held = rss()
+    del arrays
+    out = {"held": held - start, "freed": rss() - start, "again": rss() - start}
+    if sys.argv[1] == "trim":
+        out["trimmed"] = HeapTrim()()
+        out["after_trim"] = rss() - start
+    print(json.dumps(out))
     """
 )
+MIB = 1 << 20
 
 
-def _probe(threshold_kb: int, env: dict[str, str] | None = None) -> dict[str, object]:
-    base = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+def _probe(mode: str) -> dict[str, int]:
     res = subprocess.run(
-        [sys.executable, "-c", PROBE, str(threshold_kb)],
+        [sys.executable, "-c", PROBE, mode],
         capture_output=True,
         text=True,
-        env={**base, **(env or {})},
+        env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
         timeout=60,
         check=True,
     )
-    out: dict[str, object] = json.loads(res.stdout)
+    out: dict[str, int] = json.loads(res.stdout)
     return out
 
 
 @pytest.mark.timeout(90)
-def test_a_large_block_is_mapped_after_a_larger_one_was_freed() -> None:
-    got = _probe(64)
-    assert got["said"] == "blocks of 64 KiB and more are mapped and unmapped on their own (mallopt)"
-    assert isinstance(got["mapped"], int) and got["mapped"] >= 256 << 10, got
+def test_a_ticks_freed_arrays_stay_resident_until_trimmed() -> None:
+    got = _probe("trim")
+    assert got["held"] >= 9 * MIB, got  # the 10 MiB of arrays were written
+    # The control: freed, and still resident, read twice.
+    assert got["freed"] >= 8 * MIB and got["again"] >= 8 * MIB, got
+    assert got["trimmed"] is True, got
+    assert got["after_trim"] <= 2 * MIB, got
 
 
-@pytest.mark.timeout(90)
-def test_without_it_glibc_serves_the_block_from_its_heap() -> None:
-    """The control: what the coordinator did before (0 leaves glibc as it is)."""
-    got = _probe(0)
-    assert got["said"] == "glibc's moving mmap threshold left as it is (--mmap-threshold-kb 0)"
-    assert got["mapped"] == 0, got
-
-
-@pytest.mark.timeout(90)
-def test_an_operators_malloc_variable_wins() -> None:
-    """glibc's own variable, set to 16 MiB: the setting leaves it, and glibc
-    keeps a 256 KiB block in the heap as the operator asked."""
-    got = _probe(64, {ENV_VAR: str(16 << 20)})
-    assert got["said"] == f"mmap threshold left to {ENV_VAR}={16 << 20} from the environment"
-    assert got["mapped"] == 0, got
+def test_this_c_library_has_a_trim_and_says_so() -> None:
+    trim = HeapTrim()
+    assert trim.available
+    assert trim.describe() == "free pages given back after each straggler tick (malloc_trim)"
