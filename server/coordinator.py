@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 def grpc_options(config: Config) -> list[tuple[str, Any]]:
-    return list(agent_server_options(config.auth.max_message_bytes))
+    return agent_server_options(config.auth.max_message_bytes)
 
 
 def _nothing() -> None:
@@ -218,8 +218,8 @@ class Coordinator:
                 log.exception("straggler scoring failed")
                 continue
             if scored:
-                # The tick's arrays were just freed, their holes still whole:
-                # 1.4 KB a rank at 4,096 ranks stays resident otherwise (server/heap.py).
+                # The tick's arrays were just freed, their holes still whole
+                # (server/heap.py says what stays resident otherwise).
                 self._trim_heap()
 
     def _straggler_flagged(self, job_id: str, s: Straggler) -> None:

@@ -40,10 +40,6 @@ class HeapTrim:
             trim = fn
         self._trim = trim
 
-    @property
-    def available(self) -> bool:
-        return self._trim is not None
-
     def describe(self) -> str:
         """What the process does with its heap, in words for the log."""
         if self._trim is None:
