@@ -7,49 +7,18 @@ coordinator's own monotonic clock: agents' clocks are never stored here.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Final
 
+from hangwatch.server.live.celltable import Cell, CellTable
 from hangwatch.server.live.commands import Mailbox
 from hangwatch.server.live.detector import MOVE_SPACING_S, steady
 
 from hangwatch.wire import pb
 
 EVENT_RING: Final = 256  # recent events kept per job
-
-
-@dataclass(slots=True)
-class RankGroupRecord:
-    last_enqueued: int = -1
-    last_completed: int = -1
-    # Its recorder does not record completion (RankProgress.completion_unknown).
-    completion_unknown: bool = False
-    in_flight_seq: int | None = None
-    in_flight_op: str = ""
-    in_flight_age_s: float | None = None
-    # Coordinator time it was first seen in flight in in_flight_seq, less the
-    # age its agent gave then: how long it has waited there (stalls.scan_stalls).
-    in_flight_since: float | None = None
-    reported_at: float = 0.0
-    # False until its first report: the numbers a rank starts from are not a move.
-    reported: bool = False
-    # The two counts in collective numbering (GroupProgress.collectives_*):
-    # the same unless the group's pg_status also counts p2p ops, None there
-    # while the agent cannot tell. Lag and stalls compare these across ranks.
-    coll_enqueued: int | None = -1
-    coll_completed: int | None = -1
-    counts_p2p: bool = False
-
-    def collectives(self) -> tuple[int, int] | None:
-        if self.coll_enqueued is None or self.coll_completed is None:
-            return None
-        return self.coll_enqueued, self.coll_completed
-
-    def counts(self) -> tuple[int, int]:
-        """(enqueued, completed) as the stall scan compares them: in collective
-        numbering where known, else pg_status's own."""
-        return self.collectives() or (self.last_enqueued, self.last_completed)
 
 
 @dataclass(slots=True)
@@ -115,7 +84,10 @@ class RankRecord:
     finished: bool = False
     fr_age_s: float | None = None
     last_report: float | None = None
-    groups: dict[str, RankGroupRecord] = field(default_factory=dict)
+    # Its numbers for each group it registered: `cell_count` cells of the
+    # job's CellTable from `first_cell` on, in registration order.
+    first_cell: int = 0
+    cell_count: int = 0
     # CPU time plus run-queue wait, ns (RankProgress.cpu_time_ns, runqueue_wait_ns).
     cpu: RateWindow = field(default_factory=RateWindow)
     # Storage bytes read and written (RankProgress.io_bytes).
@@ -173,11 +145,15 @@ class CellPlan:
     cell_rank: tuple[int, ...]
     cell_group: tuple[int, ...]
     rows: tuple[RankRecord, ...]
-    # Per cell, its rank's record of the group and the job's (two flat tuples:
-    # a pair per cell was 250 bytes a rank more); None in both for a group
-    # the rank never registered (its numbers are not applied).
-    rank_groups: tuple[RankGroupRecord | None, ...]
+    # Per cell, its index in the job's CellTable and the job's group record;
+    # -1 and None for a group the rank never registered (its numbers are not
+    # applied). Indices in an array: 8 bytes a cell, not an int object each.
+    cells: array[int]
     groups: tuple[GroupRecord | None, ...]
+    # cells[0] when the cells are one contiguous ascending run (an agent's
+    # ranks registered together, reported in the order they registered):
+    # stored a column slice at a time. Else -1.
+    run: int = -1
 
 
 @dataclass(slots=True)
@@ -187,6 +163,8 @@ class JobRecord:
     agents: dict[str, AgentRecord] = field(default_factory=dict)
     ranks: dict[int, RankRecord] = field(default_factory=dict)
     groups: dict[str, GroupRecord] = field(default_factory=dict)
+    # Every rank's numbers for every group it registered (RankRecord.first_cell).
+    cells: CellTable = field(default_factory=CellTable)
     open_incident: str | None = None
     handled: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
     # rank -> the pid that last registered it, kept while agents come and go:
@@ -232,22 +210,30 @@ class JobRecord:
         a = self.agents.get(r.agent_id)
         return a is not None and not a.lost
 
-    def members(self, g: GroupRecord) -> list[tuple[RankRecord, RankGroupRecord]]:
+    def members(self, g: GroupRecord) -> list[tuple[RankRecord, Cell]]:
         """The group's members that registered it, with their numbers for it."""
-        out: list[tuple[RankRecord, RankGroupRecord]] = []
+        out: list[tuple[RankRecord, Cell]] = []
+        t = self.cells
+        gid = t.known_group(g.name)
         for rank in g.ranks:
             r = self.ranks.get(rank)
-            rg = r.groups.get(g.name) if r else None
-            if r is not None and rg is not None:
-                out.append((r, rg))
+            if r is not None and (i := t.find(r.first_cell, r.cell_count, gid)) >= 0:
+                out.append((r, Cell(t, i)))
         return out
 
+    def cell(self, r: RankRecord, group: str) -> Cell | None:
+        """The rank's numbers for `group`; None for a group it never registered."""
+        t = self.cells
+        i = t.find(r.first_cell, r.cell_count, t.known_group(group))
+        return None if i < 0 else Cell(t, i)
 
-def in_flight_age(rg: RankGroupRecord, now: float) -> float | None:
-    """The agent-measured age plus the time since its report arrived."""
-    if rg.in_flight_seq is None or rg.in_flight_age_s is None:
-        return None
-    return rg.in_flight_age_s + (now - rg.reported_at)
+    def cells_of(self, r: RankRecord) -> list[tuple[str, Cell]]:
+        """The rank's numbers for each group it registered, in registration order."""
+        t = self.cells
+        names, group = t.names, t.group
+        return [
+            (names[group[i]], Cell(t, i)) for i in range(r.first_cell, r.first_cell + r.cell_count)
+        ]
 
 
 def group_sort_key(name: str) -> tuple[int, int, str]:

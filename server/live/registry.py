@@ -17,6 +17,7 @@ import secrets
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
@@ -28,9 +29,7 @@ from hangwatch.server.live.records import (
     CellPlan,
     GroupRecord,
     JobRecord,
-    RankGroupRecord,
     RankRecord,
-    in_flight_age,
 )
 from hangwatch.server.live.stalls import scan_quiet, scan_stalls
 from hangwatch.server.live.views import (
@@ -57,6 +56,13 @@ MAX_RANKS_PER_AGENT: Final = 4096
 MAX_GROUPS_PER_RANK: Final = 4096
 MAX_JOBS: Final = 1024
 HANDLED_STALLS: Final = 4096  # (group, seq) pairs remembered per job for dedupe
+
+
+def _run(cells: array[int]) -> int:
+    """cells[0] when `cells` are consecutive indices, all known; else -1."""
+    if not cells or cells[0] < 0:
+        return -1
+    return cells[0] if cells == array("q", range(cells[0], cells[0] + len(cells))) else -1
 
 
 class StaleSession(Exception):
@@ -111,8 +117,8 @@ class JobRegistry:
                 a
                 for r in job.ranks.values()
                 if job.observed(r) and r.process_state not in EXITED_PROCESS_STATES
-                for rg in r.groups.values()
-                if (a := in_flight_age(rg, now)) is not None
+                for _, cell in job.cells_of(r)
+                if (a := cell.in_flight_age(now)) is not None
             ]
             return max(ages) if ages else None
 
@@ -213,6 +219,12 @@ class JobRegistry:
             self._sessions[session_id] = (req.job_id, req.agent_id)
             for ri in req.ranks:
                 self._register_rank(job, req, ri, now, dropped.get(ri.rank))
+            for r in dropped.values():
+                cur = job.ranks.get(r.rank)
+                if cur is None or cur.first_cell != r.first_cell:
+                    job.cells.release(r.cell_count)  # not taken over by its new record
+            if job.cells.wants_compacting():
+                self._compact(job)
             # The group records' own name strings, not the message's copies.
             agent.group_names = tuple(
                 g.name if (g := job.groups.get(name)) is not None else name
@@ -242,6 +254,7 @@ class JobRegistry:
         # report is compared with them. Read as a fresh baseline, a rank still
         # stuck where it was would look like progress and resolve a live hang.
         kept_from = prev if prev is not None and prev.pid == ri.pid and ri.pid > 0 else None
+        replaced = job.ranks.get(ri.rank)  # its span is released unless reused below
         # The agent's strings, and one copy of each rank's few distinct ones:
         # a str per rank and field read from the message was 300 B a rank.
         agent = job.agents[req.agent_id]
@@ -258,6 +271,7 @@ class JobRegistry:
         )
         if ri.world_size > 0:
             job.world_size = max(job.world_size or 0, ri.world_size)
+        gids = array("i")
         for gi in ri.groups:
             g = job.groups.get(gi.name)
             sent_as = tuple(gi.rank_ranges) or tuple(gi.ranks)
@@ -273,8 +287,23 @@ class JobRegistry:
                     g.sent_as = sent_as
             # Keyed by the group record's own name: every read of a message's
             # string field makes a new str (~55 B a rank and group, kept).
-            kept = kept_from.groups.get(g.name) if kept_from is not None else None
-            rank.groups[g.name] = kept if kept is not None else RankGroupRecord(reported_at=now)
+            gids.append(job.cells.group_id(g.name))
+        t = job.cells
+        rank.cell_count = len(gids)
+        if prev is not None and t.span_groups(prev.first_cell, prev.cell_count) == gids:
+            # The same groups as before: the same cells, kept or started over.
+            rank.first_cell = prev.first_cell
+            if kept_from is None:
+                t.reset(prev.first_cell, prev.cell_count, now)
+        else:
+            rank.first_cell = t.allocate(gids, now)
+            if kept_from is not None:
+                for k, gid in enumerate(gids):
+                    was = t.find(kept_from.first_cell, kept_from.cell_count, gid)
+                    if was >= 0:
+                        t.copy(was, rank.first_cell + k)
+            if replaced is not None:
+                t.release(replaced.cell_count)
         if kept_from is not None:
             rank.cpu = kept_from.cpu
 
@@ -376,7 +405,7 @@ class JobRegistry:
                 bool(flags & progress_columns.COMPILER_RUNNING),
                 io,
             )
-        return store_cells(job, plan.rank_groups, plan.groups, c, now)
+        return store_cells(job, plan.cells, plan.groups, c, now, plan.run)
 
     def _cell_plan(
         self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns
@@ -401,14 +430,17 @@ class JobRegistry:
                 f" {len(table)} groups"
             )
         rows = tuple(self._reported_rank(job, agent, rank) for rank in c.rank)
-        rank_groups: list[RankGroupRecord | None] = []
+        cells = array("q")
         groups: list[GroupRecord | None] = []
+        t = job.cells
+        gids = [t.known_group(name) for name in table]
         for i, gi in zip(c.cell_rank, c.cell_group, strict=True):
-            rg = rows[i].groups.get(table[gi])
+            r = rows[i]
+            k = t.find(r.first_cell, r.cell_count, gids[gi])
             g = job.groups.get(table[gi])
             # A group it never registered: membership unknown, not applied.
-            known = rg is not None and g is not None
-            rank_groups.append(rg if known else None)
+            known = k >= 0 and g is not None
+            cells.append(k if known else -1)
             groups.append(g if known else None)
         p = agent.plan = CellPlan(
             layout=job.layout,
@@ -416,8 +448,9 @@ class JobRegistry:
             cell_rank=c.cell_rank,
             cell_group=c.cell_group,
             rows=rows,
-            rank_groups=tuple(rank_groups),
+            cells=cells,
             groups=tuple(groups),
+            run=_run(cells),
         )
         return p
 
@@ -545,8 +578,8 @@ class JobRegistry:
                 (g, c[1] + 1)
                 for r in job.ranks.values()
                 if job.observed(r)
-                for g, rg in r.groups.items()
-                if (c := rg.collectives()) is not None and c[0] > c[1]
+                for g, cell in job.cells_of(r)
+                if (c := cell.collectives()) is not None and c[0] > c[1]
             ]
             return min(keys, key=lambda k: (k[1], k[0])) if keys else None
 
@@ -579,8 +612,8 @@ class JobRegistry:
                         return False
                     if not group:
                         continue  # a crashed rank: alive again is all it takes
-                    rg = r.groups.get(group)
-                    if rg is None or rg.counts()[0] < seq:
+                    cell = job.cell(r, group)
+                    if cell is None or cell.counts()[0] < seq:
                         return False
             return True
 
@@ -689,7 +722,7 @@ class JobRegistry:
                 groups=tuple(
                     # pg_id None: it is the rank's own local index, which registration lacks.
                     formats.GroupInfo(name=g.name, desc=g.desc, ranks=list(g.ranks))
-                    for name in r.groups
+                    for name, _ in job.cells_of(r)
                     if (g := job.groups.get(name)) is not None
                 ),
             )
@@ -701,6 +734,14 @@ class JobRegistry:
             raise StaleSession(session_id)
         job = self._jobs[job_id]
         return job, job.agents[agent_id]
+
+    def _compact(self, job: JobRecord) -> None:
+        """Drop the cells no rank holds: every rank's span moves. Only under a
+        registration, which bumped `job.layout`: no plan made before is used."""
+        ranks = list(job.ranks.values())
+        job.cells, starts = job.cells.compacted([(r.first_cell, r.cell_count) for r in ranks])
+        for r, start in zip(ranks, starts, strict=True):
+            r.first_cell = start
 
     def _agent(self, job_id: str, agent_id: str) -> AgentRecord | None:
         job = self._jobs.get(job_id)

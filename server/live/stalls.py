@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from hangwatch.server.live.celltable import Cell
 from hangwatch.server.live.detector import (
     BUSY_CORES,
     BUSY_IO_BYTES_S,
@@ -23,7 +24,7 @@ from hangwatch.server.live.detector import (
     find_group_stall,
     find_job_quiet,
 )
-from hangwatch.server.live.records import JobRecord, RankGroupRecord, RankRecord, sorted_groups
+from hangwatch.server.live.records import JobRecord, RankRecord, sorted_groups
 from hangwatch.server.live.views import StalledGroup
 
 from hangwatch.formats import StallKind
@@ -137,9 +138,7 @@ def scan_stalls(
     return out
 
 
-def waited_for(
-    st: GroupStall, members: list[tuple[RankRecord, RankGroupRecord]], now: float
-) -> float | None:
+def waited_for(st: GroupStall, members: list[tuple[RankRecord, Cell]], now: float) -> float | None:
     """How long the stall's waiting ranks have been inside its collective: the
     longest any of them has (None where none says: then the group's time
     without progress stands alone). A stall is members sitting in a collective
@@ -241,7 +240,7 @@ def job_working(job: JobRecord, stall_timeout: float) -> bool:
 
 
 def assumed_completed(
-    members: list[tuple[RankRecord, RankGroupRecord]], observed: Callable[[RankRecord], bool]
+    members: list[tuple[RankRecord, Cell]], observed: Callable[[RankRecord], bool]
 ) -> int | None:
     """For a group whose recorder does not record completion: what to take as completed.
 

@@ -14,7 +14,6 @@ from hangwatch.server.live.records import (
     AgentRecord,
     JobRecord,
     group_sort_key,
-    in_flight_age,
     sorted_groups,
 )
 
@@ -233,12 +232,12 @@ def capture(job: JobRecord, now: float) -> JobCapture:
                         rg.last_completed,
                         rg.in_flight_seq,
                         rg.in_flight_op,
-                        in_flight_age(rg, now),
+                        rg.in_flight_age(now),
                         rg.coll_enqueued,
                         rg.coll_completed,
                         rg.counts_p2p,
                     )
-                    for name, rg in r.groups.items()
+                    for name, rg in job.cells_of(r)
                 ],
             )
         )

@@ -228,7 +228,7 @@ def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
             r.io,
             r.in_compile,
             r.compiler_running,
-            {name: dataclasses.astuple(rg) for name, rg in r.groups.items()},
+            {name: cell.fields() for name, cell in job.cells_of(r)},
         )
         for rank, r in job.ranks.items()
     }
@@ -379,7 +379,10 @@ def test_a_wait_in_one_collective_keeps_its_earliest_entry_in_both_forms() -> No
             reg.report_progress(req, validate.progress_report(req))
 
     def since(reg: JobRegistry) -> float | None:
-        return reg._jobs["j"].ranks[0].groups["0"].in_flight_since
+        job = reg._jobs["j"]
+        cell = job.cell(job.ranks[0], "0")
+        assert cell is not None
+        return cell.in_flight_since
 
     report(1, 7, 6, 2.0)  # arrived at 100: entered at 98
     clock.t += 1.0

@@ -1,0 +1,129 @@
+"""The registry's cells as columns (server/live/celltable.py), through the real registry.
+
+Registrations are what move cells: a rank registered again by the same
+process keeps its numbers, a new process on the same groups starts over in
+the same cells, and spans left behind by changed groups are reclaimed, so an
+agent that re-registers for ever cannot grow the table without bound.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hangwatch.server.live.registry import JobRegistry
+
+from hangwatch.wire import pb
+
+WORLD = 8
+RANKS = range(4)
+BASE_GROUPS = {"0": list(range(WORLD)), "dp0": [0, 1, 2, 3]}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _register(reg: JobRegistry, groups: dict[str, list[int]], pid_base: int = 1000) -> str:
+    return reg.register(
+        pb.RegisterRequest(
+            job_id="j",
+            agent_id="a",
+            host="h",
+            ranks=[
+                pb.RankInfo(
+                    rank=r,
+                    local_rank=r,
+                    world_size=WORLD,
+                    pid=pid_base + r,
+                    backend="gloo",
+                    groups=[pb.GroupInfo(name=n, ranks=m) for n, m in groups.items() if r in m],
+                )
+                for r in RANKS
+            ],
+        )
+    )
+
+
+def _report(reg: JobRegistry, sid: str, seq: int, completed: int, groups: list[str]) -> None:
+    reg.report_progress(
+        pb.ProgressReport(
+            session_id=sid,
+            job_id="j",
+            agent_id="a",
+            report_seq=seq,
+            ranks=[
+                pb.RankProgress(
+                    rank=r,
+                    state=pb.PROCESS_STATE_RUNNING,
+                    groups=[
+                        pb.GroupProgress(
+                            group=g, last_enqueued=completed + 1, last_completed=completed
+                        )
+                        for g in groups
+                    ],
+                )
+                for r in RANKS
+            ],
+        )
+    )
+
+
+def _completed(reg: JobRegistry) -> dict[int, dict[str, int]]:
+    snap = reg.snapshot("j")
+    assert snap is not None
+    return {r.rank: {g.group: g.last_completed for g in r.groups} for r in snap.ranks}
+
+
+@pytest.mark.timeout(60)
+def test_the_same_process_registered_again_keeps_its_numbers_and_its_cells() -> None:
+    reg = JobRegistry(clock=_Clock())
+    sid = _register(reg, BASE_GROUPS)
+    _report(reg, sid, 1, 41, ["0", "dp0"])
+    size = len(reg._jobs["j"].cells)
+    sid = _register(reg, BASE_GROUPS)  # an agent restart: the same pids
+    assert _completed(reg) == {r: {"0": 41, "dp0": 41} for r in RANKS}
+    assert len(reg._jobs["j"].cells) == size
+
+
+@pytest.mark.timeout(60)
+def test_a_new_process_on_the_same_groups_starts_over_in_the_same_cells() -> None:
+    reg = JobRegistry(clock=_Clock())
+    sid = _register(reg, BASE_GROUPS)
+    _report(reg, sid, 1, 41, ["0", "dp0"])
+    size = len(reg._jobs["j"].cells)
+    _register(reg, BASE_GROUPS, pid_base=2000)  # the job restarted under the same id
+    assert _completed(reg) == {r: {"0": -1, "dp0": -1} for r in RANKS}
+    assert len(reg._jobs["j"].cells) == size
+
+
+@pytest.mark.timeout(60)
+def test_re_registering_with_changing_groups_reclaims_cells_and_keeps_the_numbers() -> None:
+    """Each registration adds a group the ranks were not in before (the job
+    made a new one) and drops the one made before it: the world group's
+    numbers carry over every time, and the table stays bounded."""
+    clock = _Clock()
+    reg = JobRegistry(clock=clock)
+    sid = _register(reg, BASE_GROUPS)
+    _report(reg, sid, 1, 0, ["0", "dp0"])
+    live = len(RANKS) * 3  # the world group, dp0 and this round's group
+    for k in range(1, 600):
+        clock.t += 0.01
+        sid = _register(reg, {**BASE_GROUPS, f"extra{k}": list(range(WORLD))})
+        _report(reg, sid, k + 1, k, ["0", f"extra{k}"])
+        cells = len(reg._jobs["j"].cells)
+        # 4,096 dead cells before compacting, and never more dead than live after.
+        assert cells <= 4096 + 2 * live + live, (k, cells)
+    assert _completed(reg) == {r: {"0": 599, "dp0": 0, "extra599": 599} for r in RANKS}
+    # Compacting happened (600 registrations allocated 7,200 cells).
+    assert len(reg._jobs["j"].cells) < 600 * live
+
+
+@pytest.mark.timeout(60)
+def test_a_group_the_rank_never_registered_is_not_applied() -> None:
+    reg = JobRegistry(clock=_Clock())
+    sid = _register(reg, BASE_GROUPS)
+    _report(reg, sid, 1, 7, ["0", "dp0", "never-registered"])
+    assert _completed(reg) == {r: {"0": 7, "dp0": 7} for r in RANKS}
