@@ -103,11 +103,11 @@ class RankRecord:
 class GroupRecord:
     name: str
     desc: str
-    ranks: tuple[int, ...]
+    ranks: array[int]  # its members, ascending
     last_progress: float  # coordinator monotonic time a member's last_completed last changed
     # The registration's GroupInfo members as sent (either form): every member
     # registers the group, and one sent the same way again is not re-expanded.
-    sent_as: tuple[int, ...] = ()
+    sent_as: array[int] = field(default_factory=lambda: array("i"))
 
 
 @dataclass(slots=True)
@@ -167,9 +167,10 @@ class JobRecord:
     cells: CellTable = field(default_factory=CellTable)
     open_incident: str | None = None
     handled: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
-    # rank -> the pid that last registered it, kept while agents come and go:
-    # a different pid means the job was restarted under the same id.
-    pids: dict[int, int] = field(default_factory=dict)
+    # rank -> the pid that last registered it, for ranks no agent holds now
+    # (a held rank's is its record's): a different pid means the job was
+    # restarted under the same id. A map of every rank was 98 bytes a rank.
+    left_pids: dict[int, int] = field(default_factory=dict)
     events: deque[tuple[float, pb.Event]] = field(default_factory=lambda: deque(maxlen=EVENT_RING))
     last_seen: float = 0.0
     last_progress: float = 0.0  # coordinator monotonic: any member of any group completed more

@@ -186,12 +186,16 @@ class JobRegistry:
                 # ranks appeared, their CPU not yet known).
                 job.started = now
             restarted = False
-            for ri in req.ranks:
-                before = job.pids.get(ri.rank)
+            # Each rank number read once: the job's key, its record and its
+            # agent's tuple share one int (a read of a message's field makes
+            # a new one, 32 bytes each past 256).
+            numbers = [ri.rank for ri in req.ranks]
+            for rank, ri in zip(numbers, req.ranks, strict=True):
+                cur = job.ranks.get(rank)
+                before = cur.pid if cur is not None else job.left_pids.get(rank)
                 restarted |= before is not None and before != ri.pid
                 if before != ri.pid:
                     job.last_new_rank = now
-                job.pids[ri.rank] = ri.pid
             if restarted:
                 # A new process holds a rank: the job was restarted under the
                 # same id and will reach the same (group, seq) pairs again. A
@@ -210,17 +214,20 @@ class JobRegistry:
                 agent_id=req.agent_id,
                 host=req.host,
                 session_id=session_id,
-                ranks=tuple(sorted({ri.rank for ri in req.ranks})),
+                ranks=tuple(sorted(set(numbers))),
                 registered=now,
                 last_report=now,
                 agent_version=req.agent_version,
             )
             job.agents[req.agent_id] = agent
             self._sessions[session_id] = (req.job_id, req.agent_id)
-            for ri in req.ranks:
-                self._register_rank(job, req, ri, now, dropped.get(ri.rank))
+            for rank, ri in zip(numbers, req.ranks, strict=True):
+                job.left_pids.pop(rank, None)
+                self._register_rank(job, req, rank, ri, now, dropped.get(rank))
             for r in dropped.values():
                 cur = job.ranks.get(r.rank)
+                if cur is None:
+                    job.left_pids[r.rank] = r.pid
                 if cur is None or cur.first_cell != r.first_cell:
                     job.cells.release(r.cell_count)  # not taken over by its new record
             if job.cells.wants_compacting():
@@ -238,28 +245,30 @@ class JobRegistry:
         self,
         job: JobRecord,
         req: pb.RegisterRequest,
+        rank_no: int,
         ri: pb.RankInfo,
         now: float,
         mine_before: RankRecord | None,
     ) -> None:
-        """`mine_before`: this agent's record of the rank under its previous session."""
+        """`rank_no`: ri.rank, read once; `mine_before`: this agent's record of
+        the rank under its previous session."""
         # A rank that moved to this agent leaves its old one.
-        prev = job.ranks.get(ri.rank) or mine_before
+        prev = job.ranks.get(rank_no) or mine_before
         if prev is not None and prev.agent_id != req.agent_id:
             other = job.agents.get(prev.agent_id)
             if other is not None:
-                other.ranks = tuple(r for r in other.ranks if r != ri.rank)
+                other.ranks = tuple(r for r in other.ranks if r != rank_no)
         # The same process registered again (its agent restarted, or reconnected
         # after a partition): keep the numbers it last reported, so that its next
         # report is compared with them. Read as a fresh baseline, a rank still
         # stuck where it was would look like progress and resolve a live hang.
         kept_from = prev if prev is not None and prev.pid == ri.pid and ri.pid > 0 else None
-        replaced = job.ranks.get(ri.rank)  # its span is released unless reused below
+        replaced = job.ranks.get(rank_no)  # its span is released unless reused below
         # The agent's strings, and one copy of each rank's few distinct ones:
         # a str per rank and field read from the message was 300 B a rank.
         agent = job.agents[req.agent_id]
-        rank = job.ranks[ri.rank] = RankRecord(
-            rank=ri.rank,
+        rank = job.ranks[rank_no] = RankRecord(
+            rank=rank_no,
             agent_id=agent.agent_id,
             host=agent.host,
             pid=ri.pid,
@@ -274,10 +283,14 @@ class JobRegistry:
         gids = array("i")
         for gi in ri.groups:
             g = job.groups.get(gi.name)
-            sent_as = tuple(gi.rank_ranges) or tuple(gi.ranks)
+            # Arrays, not tuples: a tuple of ranks holds an int object for
+            # each past 256 (36 bytes a member, against 4 or 8 here).
+            sent_as = array("q", gi.rank_ranges) or array("i", gi.ranks)
             if g is None or g.sent_as != sent_as or g.desc != gi.desc:
                 # Not another member's view of the same group, sent the same way.
-                ranks = group_members(gi)
+                ranks = array("i", group_members(gi))
+                if sent_as == ranks:
+                    sent_as = ranks  # sent as its members, ascending: one array
                 if g is None or g.ranks != ranks or g.desc != gi.desc:
                     # A re-created group (or a fuller view of it) starts its clock again.
                     g = job.groups[gi.name] = GroupRecord(

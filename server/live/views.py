@@ -7,6 +7,7 @@ coordinator's clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hangwatch.server.live.detector import steady
@@ -188,7 +189,7 @@ class JobCapture:
     now: float
     ranks: list[_RankRow]
     # name, desc, members, last_progress, in the groups' display order
-    groups: list[tuple[str, str, tuple[int, ...], float]]
+    groups: list[tuple[str, str, Sequence[int], float]]
     agents: list[AgentLive]
     open_incident: str | None
     events: list[JobEvent]
@@ -340,7 +341,7 @@ def _rank_views(rows: list[_RankRow], known: set[str]) -> list[RankLive]:
 
 
 def _group_views(
-    rows: list[_RankRow], groups: list[tuple[str, str, tuple[int, ...], float]], now: float
+    rows: list[_RankRow], groups: list[tuple[str, str, Sequence[int], float]], now: float
 ) -> list[GroupLive]:
     """Each group's furthest and slowest member (JobRecord.members: the
     group's ranks that registered it), from the captured rows."""
