@@ -15,56 +15,11 @@ from typing import Final
 from hangwatch.server.live.celltable import Cell, CellTable
 from hangwatch.server.live.commands import Mailbox
 from hangwatch.server.live.detector import MOVE_SPACING_S, steady
+from hangwatch.server.live.rates import RankRates
 
 from hangwatch.wire import pb
 
 EVENT_RING: Final = 256  # recent events kept per job
-
-
-@dataclass(slots=True)
-class RateWindow:
-    """A growing counter (a rank's CPU time, its storage bytes) at two moments
-    at least half a window apart, and now: how fast it grew lately, in O(1) per
-    rank (32,768 ranks keep 7 numbers each per counter, not a history)."""
-
-    older_t: float = 0.0
-    older_v: int = 0
-    newer_t: float = 0.0
-    newer_v: int = 0
-    latest_t: float = 0.0
-    latest_v: int = 0
-    seen: bool = False  # a reading since the last start-over
-
-    def note(self, now: float, value: int, window_s: float, *, zero_known: bool = False) -> None:
-        """Take a reading. A fall is a new process behind the same rank: start
-        over rather than read a negative rate. 0 is "unknown" (an older agent)
-        unless `zero_known`: storage I/O is 0 for a rank that never touched a
-        disk, and unknown I/O and none mean the same to the rules (no work)."""
-        known = value > 0 or (value == 0 and zero_known)
-        if not known or value < self.latest_v:
-            # On the per-report path: nothing to do for a rank with no reading.
-            if self.seen:
-                self.older_t = self.newer_t = self.latest_t = 0.0
-                self.older_v = self.newer_v = self.latest_v = 0
-                self.seen = False
-            if not known:
-                return
-        if not self.seen:
-            self.older_t = self.newer_t = now
-            self.older_v = self.newer_v = value
-            self.seen = True
-        elif now - self.newer_t >= window_s / 2:
-            self.older_t, self.older_v = self.newer_t, self.newer_v
-            self.newer_t, self.newer_v = now, value
-        self.latest_t, self.latest_v = now, value
-
-    def rate(self, min_span_s: float) -> float | None:
-        """The counter's growth per second, averaged over the last half window
-        to window and a half; None while the readings span less than `min_span_s`."""
-        span = self.latest_t - self.older_t
-        if not self.seen or span < max(min_span_s, 1e-3):
-            return None
-        return (self.latest_v - self.older_v) / span
 
 
 @dataclass(slots=True)
@@ -88,10 +43,10 @@ class RankRecord:
     # job's CellTable from `first_cell` on, in registration order.
     first_cell: int = 0
     cell_count: int = 0
-    # CPU time plus run-queue wait, ns (RankProgress.cpu_time_ns, runqueue_wait_ns).
-    cpu: RateWindow = field(default_factory=RateWindow)
-    # Storage bytes read and written (RankProgress.io_bytes).
-    io: RateWindow = field(default_factory=RateWindow)
+    # Its row in the job's RankRates: CPU time plus run-queue wait, ns
+    # (RankProgress.cpu_time_ns, runqueue_wait_ns), and storage bytes read
+    # and written (RankProgress.io_bytes), as rates.
+    rate_slot: int = -1
     # Inside torch.compile at its agent's last quiet-period stack sample
     # (RankProgress.in_compile): working, while some rank of its job is busy.
     in_compile: bool = False
@@ -165,6 +120,7 @@ class JobRecord:
     groups: dict[str, GroupRecord] = field(default_factory=dict)
     # Every rank's numbers for every group it registered (RankRecord.first_cell).
     cells: CellTable = field(default_factory=CellTable)
+    rates: RankRates = field(default_factory=RankRates)
     open_incident: str | None = None
     handled: OrderedDict[tuple[str, int], str] = field(default_factory=OrderedDict)
     # rank -> the pid that last registered it, for ranks no agent holds now

@@ -24,6 +24,7 @@ from typing import Final
 from hangwatch.server.live.cells import message_cells, store_cells
 from hangwatch.server.live.commands import Command
 from hangwatch.server.live.detector import JobQuiet, quiet_bound
+from hangwatch.server.live.rates import RankRates
 from hangwatch.server.live.records import (
     AgentRecord,
     CellPlan,
@@ -226,10 +227,13 @@ class JobRegistry:
                 self._register_rank(job, req, rank, ri, now, dropped.get(rank))
             for r in dropped.values():
                 cur = job.ranks.get(r.rank)
+                # What its new record did not take over is given up.
                 if cur is None:
                     job.left_pids[r.rank] = r.pid
                 if cur is None or cur.first_cell != r.first_cell:
-                    job.cells.release(r.cell_count)  # not taken over by its new record
+                    job.cells.release(r.cell_count)
+                if cur is None or cur.rate_slot != r.rate_slot:
+                    job.rates.release(r.rate_slot)
             if job.cells.wants_compacting():
                 self._compact(job)
             # The group records' own name strings, not the message's copies.
@@ -317,8 +321,16 @@ class JobRegistry:
                         t.copy(was, rank.first_cell + k)
             if replaced is not None:
                 t.release(replaced.cell_count)
-        if kept_from is not None:
-            rank.cpu = kept_from.cpu
+        # Its rates' row: the one it had, its CPU kept for the same process;
+        # storage I/O starts over either way.
+        rates = job.rates
+        if prev is None:
+            rank.rate_slot = rates.allocate()
+        else:
+            rank.rate_slot = prev.rate_slot
+            if kept_from is None:
+                rates.cpu.clear(prev.rate_slot)
+            rates.io.clear(prev.rate_slot)
 
     def session(self, session_id: str, job_id: str, agent_id: str) -> None:
         """Raise StaleSession unless the session is the agent's current one."""
@@ -348,6 +360,7 @@ class JobRegistry:
             for r, rp in zip(rows, req.ranks, strict=True):
                 demand = rp.cpu_time_ns + rp.runqueue_wait_ns if rp.cpu_time_ns else 0
                 self._apply_rank(
+                    job.rates,
                     r,
                     now,
                     rp.state,
@@ -372,6 +385,7 @@ class JobRegistry:
 
     def _apply_rank(
         self,
+        rates: RankRates,
         r: RankRecord,
         now: float,
         state: int,
@@ -387,8 +401,8 @@ class JobRegistry:
         r.fr_age_s = fr_age_s
         r.last_report = now
         # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
-        r.cpu.note(now, demand, self.stall_timeout)
-        r.io.note(now, io_bytes, self.stall_timeout, zero_known=True)
+        rates.cpu.note(r.rate_slot, now, demand, self.stall_timeout, zero_known=False)
+        rates.io.note(r.rate_slot, now, io_bytes, self.stall_timeout, zero_known=True)
         r.in_compile = in_compile
         r.compiler_running = compiler_running
 
@@ -408,6 +422,7 @@ class JobRegistry:
             strict=True,
         ):
             self._apply_rank(
+                job.rates,
                 r,
                 now,
                 state,

@@ -119,7 +119,7 @@ def scan_stalls(
                 timeout = max(stall_timeout, startup_grace)
             records = {r.rank: r for r, _ in members}
             busy = busy_laggards(st, records, job, stall_timeout)
-            compiling = [b for b in busy if not working(records[b], stall_timeout)]
+            compiling = [b for b in busy if not working(job, records[b], stall_timeout)]
             if busy:
                 timeout = max(timeout, QUIET_BOUND_FACTOR * stall_timeout)
             unheard = unheard_since(st.not_entered_ranks, records, g.last_progress)
@@ -200,7 +200,7 @@ def busy_laggards(
         r = records.get(rank)
         if r is None or not job.observed(r) or r.process_state in DEAD_STATES:
             return []
-        if working(r, stall_timeout):
+        if working(job, r, stall_timeout):
             continue
         if not r.in_compile:
             return []
@@ -211,23 +211,23 @@ def busy_laggards(
     return list(st.not_entered_ranks)
 
 
-def cores(r: RankRecord, stall_timeout: float) -> float | None:
+def cores(job: JobRecord, r: RankRecord, stall_timeout: float) -> float | None:
     """CPU cores used over the last half to one and a half stall timeouts."""
-    rate = r.cpu.rate(min_span_s=stall_timeout / 2)
+    rate = job.rates.cpu.rate(r.rate_slot, min_span_s=stall_timeout / 2)
     return None if rate is None else rate / 1e9
 
 
-def io_bytes_s(r: RankRecord, stall_timeout: float) -> float | None:
+def io_bytes_s(job: JobRecord, r: RankRecord, stall_timeout: float) -> float | None:
     """Storage bytes a second over the same span."""
-    return r.io.rate(min_span_s=stall_timeout / 2)
+    return job.rates.io.rate(r.rate_slot, min_span_s=stall_timeout / 2)
 
 
-def working(r: RankRecord, stall_timeout: float) -> bool:
+def working(job: JobRecord, r: RankRecord, stall_timeout: float) -> bool:
     """At least BUSY_CORES on a CPU or BUSY_IO_BYTES_S to or from storage."""
-    c = cores(r, stall_timeout)
+    c = cores(job, r, stall_timeout)
     if c is not None and c >= BUSY_CORES:
         return True
-    io = io_bytes_s(r, stall_timeout)
+    io = io_bytes_s(job, r, stall_timeout)
     return io is not None and io >= BUSY_IO_BYTES_S
 
 
@@ -236,7 +236,7 @@ def job_working(job: JobRecord, stall_timeout: float) -> bool:
     process: what makes a rank inside torch.compile count as waiting on work,
     not hung (ranks sharing a compile cache wait on its lock while the holder
     hashes, reads or compiles)."""
-    return any(working(r, stall_timeout) or r.compiler_running for r in job.ranks.values())
+    return any(working(job, r, stall_timeout) or r.compiler_running for r in job.ranks.values())
 
 
 def assumed_completed(
@@ -293,8 +293,8 @@ def scan_quiet(
             observed=job.observed(r),
             process_state=r.process_state,
             in_flight=r.rank in in_flight,
-            cores=cores(r, stall_timeout),
-            io_bytes_s=io_bytes_s(r, stall_timeout),
+            cores=cores(job, r, stall_timeout),
+            io_bytes_s=io_bytes_s(job, r, stall_timeout),
             compiling=r.in_compile and anyone_busy,
         )
         for r in job.ranks.values()
@@ -307,7 +307,7 @@ def scan_quiet(
         stall_timeout=stall_timeout,
         bound_s=bound_s,
         compile_running=any(
-            r.in_compile and (working(r, stall_timeout) or r.compiler_running)
+            r.in_compile and (working(job, r, stall_timeout) or r.compiler_running)
             for r in job.ranks.values()
         ),
     )

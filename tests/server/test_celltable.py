@@ -1,9 +1,10 @@
-"""The registry's cells as columns (server/live/celltable.py), through the real registry.
+"""The registry's columns (server/live/celltable.py, rates.py), through the real registry.
 
 Registrations are what move cells: a rank registered again by the same
 process keeps its numbers, a new process on the same groups starts over in
 the same cells, and spans left behind by changed groups are reclaimed, so an
-agent that re-registers for ever cannot grow the table without bound.
+agent that re-registers for ever cannot grow the table without bound. A
+rank's rate row follows it the same way, and a row given up is reused.
 """
 
 from __future__ import annotations
@@ -127,3 +128,48 @@ def test_a_group_the_rank_never_registered_is_not_applied() -> None:
     sid = _register(reg, BASE_GROUPS)
     _report(reg, sid, 1, 7, ["0", "dp0", "never-registered"])
     assert _completed(reg) == {r: {"0": 7, "dp0": 7} for r in RANKS}
+
+
+@pytest.mark.timeout(60)
+def test_rate_rows_follow_their_ranks_and_are_reused_once_given_up() -> None:
+    """A rank's CPU rate survives its agent re-registering the same process;
+    a rank an agent stops holding gives its row up, and the next rank takes it."""
+    clock = _Clock()
+    reg = JobRegistry(clock=clock, stall_timeout=10.0)
+    sid = _register(reg, BASE_GROUPS)
+
+    def cpu(seq: int, sid: str, ranks: range, ns: int) -> None:
+        reg.report_progress(
+            pb.ProgressReport(
+                session_id=sid,
+                job_id="j",
+                agent_id="a",
+                report_seq=seq,
+                ranks=[pb.RankProgress(rank=r, state=1, cpu_time_ns=ns) for r in ranks],
+            )
+        )
+
+    cpu(1, sid, RANKS, 1_000_000_000)
+    clock.t += 10.0
+    cpu(2, sid, RANKS, 6_000_000_000)  # 0.5 of a core over 10 s
+    job = reg._jobs["j"]
+    assert {job.rates.cpu.rate(r.rate_slot, 5.0) for r in job.ranks.values()} == {5e8}
+    sid = _register(reg, BASE_GROUPS)  # the same processes: the rate stays
+    assert {job.rates.cpu.rate(r.rate_slot, 5.0) for r in job.ranks.values()} == {5e8}
+    rows = len(job.rates.cpu.seen)
+    for k in range(100):
+        # The agent gives up ranks 2 and 3, then takes them back.
+        reg.register(
+            pb.RegisterRequest(
+                job_id="j",
+                agent_id="a",
+                host="h",
+                ranks=[
+                    pb.RankInfo(rank=r, local_rank=r, world_size=WORLD, pid=1000 + r)
+                    for r in (0, 1)
+                ],
+            )
+        )
+        _register(reg, BASE_GROUPS, pid_base=3000 + 10 * k)
+    assert len(job.rates.cpu.seen) == rows
+    assert {job.rates.cpu.rate(r.rate_slot, 5.0) for r in job.ranks.values()} == {None}

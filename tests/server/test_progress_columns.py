@@ -19,6 +19,7 @@ import pytest
 from hangwatch.server.coordinator import Coordinator
 from hangwatch.server.ingest import validate
 from hangwatch.server.ingest.validate import Invalid
+from hangwatch.server.live.rates import RateColumns
 from hangwatch.server.live.registry import JobRegistry, StaleSession
 from hangwatch.server.live.views import JobSnapshot
 from hypothesis import given, settings
@@ -224,8 +225,8 @@ def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
             r.finished,
             r.fr_age_s,
             r.last_report,
-            r.cpu,
-            r.io,
+            [getattr(job.rates.cpu, f)[r.rate_slot] for f in RateColumns.__slots__],
+            [getattr(job.rates.io, f)[r.rate_slot] for f in RateColumns.__slots__],
             r.in_compile,
             r.compiler_running,
             {name: cell.fields() for name, cell in job.cells_of(r)},
