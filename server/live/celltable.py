@@ -34,6 +34,8 @@ COMPLETION_UNKNOWN: Final = 1  # its recorder does not record completion
 REPORTED: Final = 2  # numbers arrived: a rank's first numbers are where it starts, not a move
 COUNTS_P2P: Final = 4  # the group's pg_status counts p2p ops too
 
+MAX_OPS: Final = 1024  # distinct in-flight op names a job keeps
+
 # Spans no rank holds any more are reclaimed by compacting once they are
 # more than half the table and at least this many cells (a job whose agents
 # re-register with other groups, or drop ranks, leaves them behind).
@@ -94,8 +96,13 @@ class CellTable:
         return len(self.bits)
 
     def op_id(self, op: str) -> int:
+        """The id of op name `op`; past MAX_OPS names, 0 (none known): a
+        job's ops are a few dozen, and an agent sending endless distinct
+        names must not grow the job's table for ever."""
         i = self._op_ids.get(op)
         if i is None:
+            if len(self.ops) >= MAX_OPS:
+                return 0
             i = self._op_ids[op] = len(self.ops)
             self.ops.append(op)
         return i

@@ -10,6 +10,7 @@ rank's rate row follows it the same way, and a row given up is reused.
 from __future__ import annotations
 
 import pytest
+from hangwatch.server.live.celltable import MAX_OPS
 from hangwatch.server.live.registry import JobRegistry
 
 from hangwatch.wire import pb
@@ -173,3 +174,38 @@ def test_rate_rows_follow_their_ranks_and_are_reused_once_given_up() -> None:
         _register(reg, BASE_GROUPS, pid_base=3000 + 10 * k)
     assert len(job.rates.cpu.seen) == rows
     assert {job.rates.cpu.rate(r.rate_slot, 5.0) for r in job.ranks.values()} == {None}
+
+
+@pytest.mark.timeout(60)
+def test_in_flight_op_names_are_bounded_per_job() -> None:
+    """Op names are kept once per job; an agent sending endless distinct ones
+    gets "" (none known) past the bound instead of growing the table."""
+    reg = JobRegistry(clock=_Clock())
+    sid = _register(reg, BASE_GROUPS)
+    for seq in range(1, MAX_OPS + 11):
+        reg.report_progress(
+            pb.ProgressReport(
+                session_id=sid,
+                job_id="j",
+                agent_id="a",
+                report_seq=seq,
+                ranks=[
+                    pb.RankProgress(
+                        rank=0,
+                        state=1,
+                        groups=[
+                            pb.GroupProgress(
+                                group="0",
+                                last_enqueued=seq,
+                                last_completed=seq - 1,
+                                oldest_in_flight=pb.InFlight(seq=seq, op=f"op{seq}", age_s=0.1),
+                            )
+                        ],
+                    )
+                ],
+            )
+        )
+    job = reg._jobs["j"]
+    assert len(job.cells.ops) == MAX_OPS
+    cell = job.cell(job.ranks[0], "0")
+    assert cell is not None and cell.in_flight_op == "" and cell.in_flight_seq == MAX_OPS + 10
