@@ -49,7 +49,20 @@ def _register(reg: JobRegistry, groups: dict[str, list[int]], pid_base: int = 10
     )
 
 
-def _report(reg: JobRegistry, sid: str, seq: int, completed: int, groups: list[str]) -> None:
+def _report(
+    reg: JobRegistry,
+    sid: str,
+    seq: int,
+    completed: int = 0,
+    groups: tuple[str, ...] = (),
+    *,
+    ranks: range = RANKS,
+    op: str = "",
+    cpu_ns: int = 0,
+) -> None:
+    """Each of `ranks` running, `completed` collectives done and the next one
+    entered in each of `groups` (named in flight as `op` when given)."""
+    flight = pb.InFlight(seq=completed + 1, op=op, age_s=0.1) if op else None
     reg.report_progress(
         pb.ProgressReport(
             session_id=sid,
@@ -60,14 +73,18 @@ def _report(reg: JobRegistry, sid: str, seq: int, completed: int, groups: list[s
                 pb.RankProgress(
                     rank=r,
                     state=pb.PROCESS_STATE_RUNNING,
+                    cpu_time_ns=cpu_ns,
                     groups=[
                         pb.GroupProgress(
-                            group=g, last_enqueued=completed + 1, last_completed=completed
+                            group=g,
+                            last_enqueued=completed + 1,
+                            last_completed=completed,
+                            oldest_in_flight=flight,
                         )
                         for g in groups
                     ],
                 )
-                for r in RANKS
+                for r in ranks
             ],
         )
     )
@@ -83,7 +100,7 @@ def _completed(reg: JobRegistry) -> dict[int, dict[str, int]]:
 def test_the_same_process_registered_again_keeps_its_numbers_and_its_cells() -> None:
     reg = JobRegistry(clock=_Clock())
     sid = _register(reg, BASE_GROUPS)
-    _report(reg, sid, 1, 41, ["0", "dp0"])
+    _report(reg, sid, 1, 41, ("0", "dp0"))
     size = len(reg._jobs["j"].cells)
     sid = _register(reg, BASE_GROUPS)  # an agent restart: the same pids
     assert _completed(reg) == {r: {"0": 41, "dp0": 41} for r in RANKS}
@@ -94,7 +111,7 @@ def test_the_same_process_registered_again_keeps_its_numbers_and_its_cells() -> 
 def test_a_new_process_on_the_same_groups_starts_over_in_the_same_cells() -> None:
     reg = JobRegistry(clock=_Clock())
     sid = _register(reg, BASE_GROUPS)
-    _report(reg, sid, 1, 41, ["0", "dp0"])
+    _report(reg, sid, 1, 41, ("0", "dp0"))
     size = len(reg._jobs["j"].cells)
     _register(reg, BASE_GROUPS, pid_base=2000)  # the job restarted under the same id
     assert _completed(reg) == {r: {"0": -1, "dp0": -1} for r in RANKS}
@@ -109,12 +126,12 @@ def test_re_registering_with_changing_groups_reclaims_cells_and_keeps_the_number
     clock = _Clock()
     reg = JobRegistry(clock=clock)
     sid = _register(reg, BASE_GROUPS)
-    _report(reg, sid, 1, 0, ["0", "dp0"])
+    _report(reg, sid, 1, 0, ("0", "dp0"))
     live = len(RANKS) * 3  # the world group, dp0 and this round's group
     for k in range(1, 600):
         clock.t += 0.01
         sid = _register(reg, {**BASE_GROUPS, f"extra{k}": list(range(WORLD))})
-        _report(reg, sid, k + 1, k, ["0", f"extra{k}"])
+        _report(reg, sid, k + 1, k, ("0", f"extra{k}"))
         cells = len(reg._jobs["j"].cells)
         # 4,096 dead cells before compacting, and never more dead than live after.
         assert cells <= 4096 + 2 * live + live, (k, cells)
@@ -127,7 +144,7 @@ def test_re_registering_with_changing_groups_reclaims_cells_and_keeps_the_number
 def test_a_group_the_rank_never_registered_is_not_applied() -> None:
     reg = JobRegistry(clock=_Clock())
     sid = _register(reg, BASE_GROUPS)
-    _report(reg, sid, 1, 7, ["0", "dp0", "never-registered"])
+    _report(reg, sid, 1, 7, ("0", "dp0", "never-registered"))
     assert _completed(reg) == {r: {"0": 7, "dp0": 7} for r in RANKS}
 
 
@@ -139,20 +156,9 @@ def test_rate_rows_follow_their_ranks_and_are_reused_once_given_up() -> None:
     reg = JobRegistry(clock=clock, stall_timeout=10.0)
     sid = _register(reg, BASE_GROUPS)
 
-    def cpu(seq: int, sid: str, ranks: range, ns: int) -> None:
-        reg.report_progress(
-            pb.ProgressReport(
-                session_id=sid,
-                job_id="j",
-                agent_id="a",
-                report_seq=seq,
-                ranks=[pb.RankProgress(rank=r, state=1, cpu_time_ns=ns) for r in ranks],
-            )
-        )
-
-    cpu(1, sid, RANKS, 1_000_000_000)
+    _report(reg, sid, 1, cpu_ns=1_000_000_000)
     clock.t += 10.0
-    cpu(2, sid, RANKS, 6_000_000_000)  # 0.5 of a core over 10 s
+    _report(reg, sid, 2, cpu_ns=6_000_000_000)  # 0.5 of a core over 10 s
     job = reg._jobs["j"]
     assert {job.rates.cpu.rate(r.rate_slot, 5.0) for r in job.ranks.values()} == {5e8}
     sid = _register(reg, BASE_GROUPS)  # the same processes: the rate stays
@@ -183,28 +189,7 @@ def test_in_flight_op_names_are_bounded_per_job() -> None:
     reg = JobRegistry(clock=_Clock())
     sid = _register(reg, BASE_GROUPS)
     for seq in range(1, MAX_OPS + 11):
-        reg.report_progress(
-            pb.ProgressReport(
-                session_id=sid,
-                job_id="j",
-                agent_id="a",
-                report_seq=seq,
-                ranks=[
-                    pb.RankProgress(
-                        rank=0,
-                        state=1,
-                        groups=[
-                            pb.GroupProgress(
-                                group="0",
-                                last_enqueued=seq,
-                                last_completed=seq - 1,
-                                oldest_in_flight=pb.InFlight(seq=seq, op=f"op{seq}", age_s=0.1),
-                            )
-                        ],
-                    )
-                ],
-            )
-        )
+        _report(reg, sid, seq, seq - 1, ("0",), ranks=range(1), op=f"op{seq}")
     job = reg._jobs["j"]
     assert len(job.cells.ops) == MAX_OPS
     cell = job.cell(job.ranks[0], "0")
