@@ -60,12 +60,16 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
 
         t_kill = agents[1].kill()
 
-        def unobserved() -> dict[int, dict[str, Any]] | None:
-            v = ranks_view(coord, JOB)
-            return v if not v[1]["observed"] else None
+        def unobserved() -> dict[str, Any] | None:
+            doc: dict[str, Any] = coord.api(f"/api/jobs/{JOB}/ranks")
+            rows = {int(r["rank"]): r for r in doc["ranks"]}
+            return doc if 1 in rows and not rows[1]["observed"] else None
 
-        view = wait_for(unobserved, 15, "rank 1 unobserved")
+        doc = wait_for(unobserved, 15, "rank 1 unobserved")
         lost_after = time.monotonic() - t_kill
+        view = {int(r["rank"]): r for r in doc["ranks"]}
+        # How long node B's agent had been silent, by the coordinator's clock.
+        silent = next(a["last_report_age_s"] for a in doc["agents"] if 1 in a["ranks"])
         assert view[0]["observed"] and view[0]["connected"], view[0]
         assert not view[1]["connected"], view[1]
         job.check()
@@ -83,9 +87,12 @@ def test_agent_kill9_and_skewed_node(tmp_path: Path) -> None:
         (tmp_path / "measured.json").write_text(
             json.dumps({"lost_after_s": lost_after, "reattach_s": reattach_s, "ratios": ratios})
         )
-        # The lost timeout runs from the agent's last report, which precedes the
-        # kill by up to one poll interval (AgentProc polls every 0.5 s).
-        assert LOST_S - 0.5 - 0.1 <= lost_after < LOST_S + 5, lost_after
+        # Lost only after LOST_S of silence since its last report, and soon
+        # after. The last report precedes the kill by a poll interval (0.5 s)
+        # or more: by 0.61 s once on a loaded 2-core CI machine, so the time
+        # since the kill alone cannot bound it from below.
+        assert LOST_S <= silent < LOST_S + 5, silent
+        assert lost_after < LOST_S + 5, lost_after
         assert all(x < MAX_STEP_RATIO for x in ratios.values()), ratios
 
         # Hang on the skewed node; watch the ages while the coordinator decides.
