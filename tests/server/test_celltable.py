@@ -4,14 +4,19 @@ Registrations are what move cells: a rank registered again by the same
 process keeps its numbers, a new process on the same groups starts over in
 the same cells, and spans left behind by changed groups are reclaimed, so an
 agent that re-registers for ever cannot grow the table without bound. A
-rank's rate row follows it the same way, and a row given up is reused.
+rank's rate row follows it the same way, and a row given up is reused. A
+property test churns registrations (ranks moving between agents, dropped,
+restarted, their groups changed, compaction forced often) against a model.
 """
 
 from __future__ import annotations
 
 import pytest
+from hangwatch.server.live import celltable
 from hangwatch.server.live.celltable import MAX_OPS
 from hangwatch.server.live.registry import JobRegistry
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hangwatch.wire import pb
 
@@ -194,3 +199,106 @@ def test_in_flight_op_names_are_bounded_per_job() -> None:
     assert len(job.cells.ops) == MAX_OPS
     cell = job.cell(job.ranks[0], "0")
     assert cell is not None and cell.in_flight_op == "" and cell.in_flight_seq == MAX_OPS + 10
+
+
+# Registration churn against a model: agents take ranks from each other, drop
+# them, restart their processes and change their groups, with compaction made
+# to run every few registrations. What a rank holds must always be what the
+# model says: its numbers where the same process kept a group, -1 elsewhere.
+AGENTS = ("a", "b")
+ALL_GROUPS = ("0", "g1", "g2", "g3")
+
+
+# (what, agent, registration: rank -> (process, its groups), completed)
+Step = tuple[str, str, dict[int, tuple[int, tuple[str, ...]]], int]
+
+
+@st.composite
+def churn(draw: st.DrawFn) -> list[Step]:
+    steps: list[Step] = []
+    for _ in range(draw(st.integers(1, 30))):
+        if draw(st.booleans()):
+            agent = draw(st.sampled_from(AGENTS))
+            ranks = draw(st.lists(st.integers(0, WORLD - 1), unique=True, max_size=WORLD))
+            held = {
+                r: (
+                    draw(st.sampled_from((1, 2))),  # which process (pid) holds it
+                    tuple(g for g in ALL_GROUPS if g == "0" or draw(st.booleans())),
+                )
+                for r in ranks
+            }
+            steps.append(("register", agent, held, 0))
+        else:
+            steps.append(("report", draw(st.sampled_from(AGENTS)), {}, draw(st.integers(0, 1000))))
+    return steps
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=150, deadline=None)
+@given(churn())
+def test_registration_churn_keeps_every_ranks_numbers_where_they_belong(
+    steps: list[Step],
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(celltable, "COMPACT_MIN_CELLS", 4)
+        reg = JobRegistry(clock=_Clock())
+        sessions: dict[str, str] = {}
+        seqs = dict.fromkeys(AGENTS, 0)
+        # rank -> (agent, pid, {group: completed or -1})
+        model: dict[int, tuple[str, int, dict[str, int]]] = {}
+        for kind, agent, held, completed in steps:
+            if kind == "register":
+                for r in [r for r, (a, _, _) in model.items() if a == agent and r not in held]:
+                    del model[r]
+                for r, (pid, groups) in held.items():
+                    before = model.get(r)
+                    kept = before[2] if before is not None and before[1] == pid else {}
+                    model[r] = (agent, pid, {g: kept.get(g, -1) for g in groups})
+                sessions[agent] = reg.register(
+                    pb.RegisterRequest(
+                        job_id="j",
+                        agent_id=agent,
+                        host=agent,
+                        ranks=[
+                            pb.RankInfo(
+                                rank=r,
+                                local_rank=r,
+                                world_size=WORLD,
+                                pid=1000 * pid + r,
+                                groups=[pb.GroupInfo(name=g, ranks=list(range(WORLD))) for g in gs],
+                            )
+                            for r, (pid, gs) in held.items()
+                        ],
+                    )
+                )
+                seqs[agent] = 0
+            else:
+                if agent not in sessions:
+                    continue
+                mine = [r for r, (a, _, _) in model.items() if a == agent]
+                seqs[agent] += 1
+                reg.report_progress(
+                    pb.ProgressReport(
+                        session_id=sessions[agent],
+                        job_id="j",
+                        agent_id=agent,
+                        report_seq=seqs[agent],
+                        ranks=[
+                            pb.RankProgress(
+                                rank=r,
+                                state=pb.PROCESS_STATE_RUNNING,
+                                groups=[
+                                    pb.GroupProgress(
+                                        group=g, last_enqueued=completed, last_completed=completed
+                                    )
+                                    for g in model[r][2]
+                                ],
+                            )
+                            for r in mine
+                        ],
+                    )
+                )
+                for r in mine:
+                    model[r] = (agent, model[r][1], dict.fromkeys(model[r][2], completed))
+            held_now = _completed(reg) if "j" in reg.jobs() else {}
+            assert held_now == {r: groups for r, (_, _, groups) in model.items()}
