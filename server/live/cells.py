@@ -198,6 +198,7 @@ def store_cells(
         (t.in_flight_since, "d", since_o),
         (t.in_flight_op, "i", op_o),
         (t.in_flight_age_s, "d", age_o),
+        (t.reported_at, "d", [now] * n),
     ]
     if coll:
         # Read only for a cell that counts p2p (COUNTS_P2P): no cell has
@@ -209,11 +210,6 @@ def store_cells(
         else:
             for i, v in zip(idx, values, strict=True):
                 col[i] = v
-    if run >= 0:
-        t.reported_at[run : run + n] = array("d", [now]) * n
-    else:
-        for i in idx:
-            t.reported_at[i] = now
     if moved_job:
         job.last_progress = now
     return moved_job
