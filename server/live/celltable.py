@@ -281,23 +281,3 @@ class Cell:
             return None
         age = self._t.in_flight_age_s[self._i]
         return None if math.isnan(age) else age + (now - self._t.reported_at[self._i])
-
-    def fields(self) -> dict[str, object]:
-        """Every number by name (for comparing two registries' cells)."""
-        return {
-            name: getattr(self, name)
-            for name in (
-                "last_enqueued",
-                "last_completed",
-                "completion_unknown",
-                "in_flight_seq",
-                "in_flight_op",
-                "in_flight_age_s",
-                "in_flight_since",
-                "reported_at",
-                "reported",
-                "coll_enqueued",
-                "coll_completed",
-                "counts_p2p",
-            )
-        }

@@ -214,6 +214,23 @@ def _state(reg: JobRegistry) -> JobSnapshot:
     return dataclasses.replace(snap, agents=agents)
 
 
+# Every number a cell holds, by its Cell property.
+CELL_FIELDS = (
+    "last_enqueued",
+    "last_completed",
+    "completion_unknown",
+    "in_flight_seq",
+    "in_flight_op",
+    "in_flight_age_s",
+    "in_flight_since",
+    "reported_at",
+    "reported",
+    "coll_enqueued",
+    "coll_completed",
+    "counts_p2p",
+)
+
+
 def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
     """Every rank's record and its cells, field by field: the snapshot leaves
     out some of what the stall scan reads later (when a collective was first
@@ -229,7 +246,7 @@ def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
             [getattr(job.rates.io, f)[r.rate_slot] for f in RateColumns.__slots__],
             r.in_compile,
             r.compiler_running,
-            {name: cell.fields() for name, cell in job.cells_of(r)},
+            {name: [getattr(cell, f) for f in CELL_FIELDS] for name, cell in job.cells_of(r)},
         )
         for rank, r in job.ranks.items()
     }
