@@ -102,24 +102,23 @@ def _completed(reg: JobRegistry) -> dict[int, dict[str, int]]:
 
 
 @pytest.mark.timeout(60)
-def test_the_same_process_registered_again_keeps_its_numbers_and_its_cells() -> None:
+@pytest.mark.parametrize(
+    ("pid_base", "completed"),
+    [(1000, 41), (2000, -1)],
+    ids=["same-process-keeps-its-numbers", "new-process-starts-over"],
+)
+def test_a_rank_registered_again_on_the_same_groups_stays_in_its_cells(
+    pid_base: int, completed: int
+) -> None:
+    """An agent restart (the same pids) keeps what the ranks reported; the job
+    restarted under the same id (new pids) starts over. Either way in the
+    cells the ranks had."""
     reg = JobRegistry(clock=_Clock())
     sid = _register(reg, BASE_GROUPS)
     _report(reg, sid, 1, 41, ("0", "dp0"))
     size = len(reg._jobs["j"].cells)
-    sid = _register(reg, BASE_GROUPS)  # an agent restart: the same pids
-    assert _completed(reg) == {r: {"0": 41, "dp0": 41} for r in RANKS}
-    assert len(reg._jobs["j"].cells) == size
-
-
-@pytest.mark.timeout(60)
-def test_a_new_process_on_the_same_groups_starts_over_in_the_same_cells() -> None:
-    reg = JobRegistry(clock=_Clock())
-    sid = _register(reg, BASE_GROUPS)
-    _report(reg, sid, 1, 41, ("0", "dp0"))
-    size = len(reg._jobs["j"].cells)
-    _register(reg, BASE_GROUPS, pid_base=2000)  # the job restarted under the same id
-    assert _completed(reg) == {r: {"0": -1, "dp0": -1} for r in RANKS}
+    _register(reg, BASE_GROUPS, pid_base=pid_base)
+    assert _completed(reg) == {r: {"0": completed, "dp0": completed} for r in RANKS}
     assert len(reg._jobs["j"].cells) == size
 
 
