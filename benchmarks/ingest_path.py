@@ -113,21 +113,23 @@ def _measure_form(form: str, ranks: int, rounds: int) -> tuple[dict[str, float],
 def live_bytes_per_rank(ranks: int, form: str) -> float:
     """What the registry holds per rank once every agent registered and
     reported twice (tracemalloc: Python allocations made from then on, the
-    reports themselves built before)."""
+    reports themselves parsed before). Each report is checked and unpacked
+    inside the window, as the handler does for each report it takes: what
+    the registry keeps of an unpacked report (a plan holds its rank and cell
+    columns) is then counted, and what it drops is not."""
     fleet, _, _, bodies = asyncio.run(_build(ranks, form))
     requests = [a.register_request() for a in fleet.agents]
     parsed = [[pb.ProgressReport.FromString(b) for b in pair] for pair in bodies]
-    checked = [[validate.progress_report(r) for r in pair] for pair in parsed]
     fleet.close()
     gc.collect()
     tracemalloc.start()
     try:
         registry = JobRegistry(agent_lost_timeout=1e9, stall_timeout=1e9, clock=_Clock())
-        for k, (req, pair) in enumerate(zip(requests, parsed, strict=True)):
+        for req, pair in zip(requests, parsed, strict=True):
             sid = registry.register(req)
             for j, rep in enumerate(pair):
                 rep.session_id, rep.report_seq = sid, j + 1
-                registry.report_progress(rep, checked[k][j])
+                registry.report_progress(rep, validate.progress_report(rep))
         gc.collect()
         held = tracemalloc.get_traced_memory()[0]
     finally:
