@@ -351,7 +351,7 @@ class JobRegistry:
             # Every rank resolved before anything is stored: a report naming a
             # rank the agent no longer holds changes nothing (StaleSession).
             rows = [self._reported_rank(job, agent, rp.rank) for rp in req.ranks]
-            plan = None if columns is None else self._cell_plan(job, agent, columns)
+            plan = None if columns is None else self._cell_plan(job, agent, columns, req.columns)
             agent.report_seq = max(agent.report_seq, req.report_seq)
             agent.last_report = now
             agent.lost = False
@@ -436,18 +436,24 @@ class JobRegistry:
         return store_cells(job, plan.cells, plan.groups, c, now, plan.run)
 
     def _cell_plan(
-        self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns
+        self,
+        job: JobRecord,
+        agent: AgentRecord,
+        c: progress_columns.Columns,
+        raw: pb.ProgressColumns,
     ) -> CellPlan:
-        """The records `c`'s ranks and cells are applied to: the agent's last
+        """The records `c` (`raw`, unpacked) is applied to: the agent's last
         plan when the job's layout and the report's ranks and cells are the
-        same as then (tuple comparisons in C), else resolved and checked again."""
+        same as then (their packed bytes compared, in C), else resolved and
+        checked again."""
         p = agent.plan
+        rank, cell_rank, cell_group = raw.rank, raw.cell_rank, raw.cell_group
         if (
             p is not None
             and p.layout == job.layout
-            and p.cell_group == c.cell_group
-            and p.cell_rank == c.cell_rank
-            and p.rank == c.rank
+            and p.cell_group == cell_group
+            and p.cell_rank == cell_rank
+            and p.rank == rank
         ):
             return p
         table = agent.group_names
@@ -472,9 +478,9 @@ class JobRegistry:
             groups.append(g if known else None)
         p = agent.plan = CellPlan(
             layout=job.layout,
-            rank=c.rank,
-            cell_rank=c.cell_rank,
-            cell_group=c.cell_group,
+            rank=rank,
+            cell_rank=cell_rank,
+            cell_group=cell_group,
             rows=rows,
             cells=cells,
             groups=tuple(groups),
