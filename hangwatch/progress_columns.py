@@ -173,6 +173,10 @@ class Columns(NamedTuple):
     in_flight_age_s: tuple[float, ...]
     in_flight_op: tuple[int, ...]
     ops: tuple[str, ...]
+    # rank, cell_rank and cell_group as sent (fixed widths: the same bytes are
+    # the same values): what the registry keys an agent's resolved layout on,
+    # kept from the reads above rather than copied out of the message again.
+    packed_layout: tuple[bytes, bytes, bytes]
 
 
 # Compiled layouts by (code, count): an agent sends the same shapes report
@@ -203,21 +207,21 @@ def decode(msg: pb.ProgressColumns) -> Columns:
     against the session's table by the registry, which holds it. A rank or a
     cell given twice is applied twice, the later numbers standing, as in
     ProgressReport.ranks."""
-    raw = msg.rank
-    if len(raw) % 4:
-        raise ColumnsError(f"columns.rank: {len(raw)} bytes, not a multiple of 4")
-    r = len(raw) // 4
-    rank = _unpack(raw, "rank", "i", 4, r)
+    raw_rank = msg.rank
+    if len(raw_rank) % 4:
+        raise ColumnsError(f"columns.rank: {len(raw_rank)} bytes, not a multiple of 4")
+    r = len(raw_rank) // 4
+    rank = _unpack(raw_rank, "rank", "i", 4, r)
     codes = _unpack(msg.rank_codes, "rank_codes", "B", 1, 2 * r)
     rc = _unpack(msg.rank_counts, "rank_counts", "q", 8, RANK_COUNTS * r)
     fr_age = _unpack(msg.fr_age_s, "fr_age_s", "d", 8, r)
     io = _unpack(msg.rank_io, "rank_io", "q", 8, r) if msg.rank_io else (0,) * r
-    raw = msg.cell_rank
-    if len(raw) % 2:
-        raise ColumnsError(f"columns.cell_rank: {len(raw)} bytes, not a multiple of 2")
-    c = len(raw) // 2
-    cell_rank = _unpack(raw, "cell_rank", "H", 2, c)
-    cell_group = _unpack(msg.cell_group, "cell_group", "I", 4, c)
+    raw_cell_rank, raw_cell_group = msg.cell_rank, msg.cell_group
+    if len(raw_cell_rank) % 2:
+        raise ColumnsError(f"columns.cell_rank: {len(raw_cell_rank)} bytes, not a multiple of 2")
+    c = len(raw_cell_rank) // 2
+    cell_rank = _unpack(raw_cell_rank, "cell_rank", "H", 2, c)
+    cell_group = _unpack(raw_cell_group, "cell_group", "I", 4, c)
     flags = _unpack(msg.cell_flags, "cell_flags", "B", 1, c)
     cc = _unpack(msg.cell_counts, "cell_counts", "q", 8, CELL_COUNTS * c)
     ages = _unpack(msg.in_flight_age_s, "in_flight_age_s", "d", 8, c)
@@ -253,4 +257,5 @@ def decode(msg: pb.ProgressColumns) -> Columns:
         ages,
         op,
         ops,
+        (raw_rank, raw_cell_rank, raw_cell_group),
     )

@@ -78,6 +78,7 @@ def message_cells(
         fage,
         fop,
         tuple(ops),
+        (b"", b"", b""),  # no plan is made for the messages form
     )
     return cells, groups, columns
 

@@ -96,13 +96,10 @@ class CellPlan:
     registration changes which records a rank or group maps to."""
 
     layout: int
-    # The report's ProgressColumns.rank, cell_rank and cell_group as packed
-    # (fixed widths: the same bytes are the same values). As the unpacked
-    # tuples, an int object for each rank past 256, the registry held 1,388
-    # bytes a rank at 4,096 ranks; as bytes 1,311 (benchmarks/ingest_path.py).
-    rank: bytes
-    cell_rank: bytes
-    cell_group: bytes
+    # The report's Columns.packed_layout. As the unpacked tuples, an int
+    # object for each rank past 256, the registry held 1,388 bytes a rank at
+    # 4,096 ranks; as bytes 1,316 (benchmarks/ingest_path.py).
+    packed_layout: tuple[bytes, bytes, bytes]
     rows: tuple[RankRecord, ...]
     # Per cell, its index in the job's CellTable and the job's group record;
     # -1 and None for a group the rank never registered (its numbers are not

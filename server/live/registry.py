@@ -351,7 +351,7 @@ class JobRegistry:
             # Every rank resolved before anything is stored: a report naming a
             # rank the agent no longer holds changes nothing (StaleSession).
             rows = [self._reported_rank(job, agent, rp.rank) for rp in req.ranks]
-            plan = None if columns is None else self._cell_plan(job, agent, columns, req.columns)
+            plan = None if columns is None else self._cell_plan(job, agent, columns)
             agent.report_seq = max(agent.report_seq, req.report_seq)
             agent.last_report = now
             agent.lost = False
@@ -436,25 +436,14 @@ class JobRegistry:
         return store_cells(job, plan.cells, plan.groups, c, now, plan.run)
 
     def _cell_plan(
-        self,
-        job: JobRecord,
-        agent: AgentRecord,
-        c: progress_columns.Columns,
-        raw: pb.ProgressColumns,
+        self, job: JobRecord, agent: AgentRecord, c: progress_columns.Columns
     ) -> CellPlan:
-        """The records `c` (`raw`, unpacked) is applied to: the agent's last
+        """The records `c`'s ranks and cells are applied to: the agent's last
         plan when the job's layout and the report's ranks and cells are the
         same as then (their packed bytes compared, in C), else resolved and
         checked again."""
         p = agent.plan
-        rank, cell_rank, cell_group = raw.rank, raw.cell_rank, raw.cell_group
-        if (
-            p is not None
-            and p.layout == job.layout
-            and p.cell_group == cell_group
-            and p.cell_rank == cell_rank
-            and p.rank == rank
-        ):
+        if p is not None and p.layout == job.layout and p.packed_layout == c.packed_layout:
             return p
         table = agent.group_names
         if c.cell_group and max(c.cell_group) >= len(table):
@@ -478,9 +467,7 @@ class JobRegistry:
             groups.append(g if known else None)
         p = agent.plan = CellPlan(
             layout=job.layout,
-            rank=rank,
-            cell_rank=cell_rank,
-            cell_group=cell_group,
+            packed_layout=c.packed_layout,
             rows=rows,
             cells=cells,
             groups=tuple(groups),
