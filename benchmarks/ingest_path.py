@@ -146,7 +146,9 @@ def _measure_stragglers(ranks: int, ticks: int) -> tuple[dict[str, float], dict[
     And a tick's working set, bytes a rank: tracemalloc's peak over
     `score_ready` less what was held before it, over two more ticks traced
     after the timed ones (their tracks: benchmarks/tracks_memory.py). The heap
-    keeps what a tick needs every second, so it is in a running coordinator's RSS."""
+    keeps what a tick needs every second, so it is in a running coordinator's RSS.
+    And what filed reports hold between ticks, bytes a rank: every agent's
+    reports of the ticks not yet scored."""
     now = [0]  # the monitor's clock, ns: set for each tick below
     monitor = StragglerMonitor(tick_s=1.0, clock_ns=lambda: now[0])
 
@@ -196,9 +198,21 @@ def _measure_stragglers(ranks: int, ticks: int) -> tuple[dict[str, float], dict[
             peaks.append(tracemalloc.get_traced_memory()[1] - held)
     finally:
         tracemalloc.stop()
+    # What the monitor holds between ticks: the filed reports of the ticks
+    # not yet scored (CLOSE_AFTER_TICKS), filed and scored inside this window,
+    # so only what is still held at its end is counted.
+    tracemalloc.start()
+    try:
+        for k in range(first + ticks + 4, first + ticks + 7):
+            file_tick(k)
+            monitor.score_ready()
+        gc.collect()
+        filed = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
     fleet.close()
     timing = {"observe": statistics.median(observe), "score_tick": statistics.median(score)}
-    return timing, {"tick_working_set": max(peaks) / ranks}
+    return timing, {"tick_working_set": max(peaks) / ranks, "filed_between_ticks": filed / ranks}
 
 
 def measure(ranks: int, rounds: int) -> dict[str, Any]:
@@ -268,6 +282,7 @@ def main() -> int:
     )
     held = st["bytes_per_rank"]
     print(f"  a tick's working set {held['tick_working_set']:.0f} bytes per rank")
+    print(f"  filed, between ticks {held['filed_between_ticks']:.0f} bytes per rank")
     return 0
 
 

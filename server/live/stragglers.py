@@ -146,6 +146,12 @@ class _Job:
     pending: dict[int, TickReadings] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
     group_tables: dict[str, np.ndarray] = field(default_factory=dict)  # agent -> gid per index
+    # Agent -> the rank, cell_rank and cell_group bytes of its newest filed
+    # report. An agent sends the same ones report after report, and a report
+    # is held until its tick is scored, two ticks on: the held reports share
+    # one copy instead of one each (about 80 bytes a rank at 8 ranks and 32
+    # cells an agent).
+    layouts: dict[str, tuple[bytes, bytes, bytes]] = field(default_factory=dict)
     epoch_ns: int | None = None  # instants in the group history are ns after this
     scored_through: int = -1
     newest_tick: int = -1
@@ -223,18 +229,21 @@ class StragglerMonitor:
             if table is None:
                 return
             c = columns
+            layout = job.layouts.get(req.agent_id)
+            if layout != c.packed_layout:
+                layout = job.layouts[req.agent_id] = c.packed_layout
             tick = self._one_tick(job, c, offset, now)
             if tick is not None:
                 if tick > job.scored_through:
                     base = self._near.at - offset  # the tick's instant on the agent's clock
-                    self._pending(job, tick).add(table, base, FiledColumns.of(req), None)
+                    self._pending(job, tick).add(table, base, FiledColumns.of(req, layout), None)
                 return
             near = pollgrid.NearestTick(self.tick_ns)
             ticks = [
                 self._tick(job, near, at, state, offset, now)
                 for at, state in zip(c.status_at_ns, c.state, strict=True)
             ]
-            filed = FiledColumns.of(req)
+            filed = FiledColumns.of(req, layout)
             for tick in set(ticks):
                 if tick is not None:
                     at = [a if t == tick else 0 for a, t in zip(c.status_at_ns, ticks, strict=True)]

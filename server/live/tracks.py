@@ -315,17 +315,20 @@ class FiledColumns(NamedTuple):
     clock_error_ns: int
 
     @classmethod
-    def of(cls, req: pb.ProgressReport) -> FiledColumns:
-        """From a report whose columns were checked (progress_columns.decode)."""
+    def of(cls, req: pb.ProgressReport, layout: tuple[bytes, bytes, bytes]) -> FiledColumns:
+        """From a report whose columns were checked (progress_columns.decode),
+        `layout` its rank, cell_rank and cell_group bytes as decode read them
+        (`Columns.packed_layout`), or equal bytes the caller already holds."""
+        rank, cell_rank, cell_group = layout
+        cells, ranks = len(cell_rank) // 2, len(rank) // 4
         c = req.columns
-        cells, ranks = len(c.cell_rank) // 2, len(c.rank) // 4
         counts = c.cell_counts
         return cls(
-            c.cell_rank,
-            c.cell_group,
+            cell_rank,
+            cell_group,
             progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells),
             progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells),
-            c.rank,
+            rank,
             progress_columns.count_column(c.rank_counts, progress_columns.STATUS_AT, ranks),
             req.clock_error_ns,
         )

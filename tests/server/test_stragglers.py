@@ -250,6 +250,45 @@ def test_a_rank_in_two_groups_is_named_in_each_and_scored_against_its_own_peers(
     assert max(x.score for x in r.view.ranks if x.rank != 6) < 0.05
 
 
+def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
+    """A report waits two ticks to be scored, so three ticks of every agent's
+    reports are held at once. Their rank, cell_rank and cell_group columns are
+    the same bytes report after report: held once per agent, not once per
+    report. An agent whose layout changes is filed with its new one."""
+    job = SimJob(ranks=16)
+    rd = Readings(job, simulate(job, 10), clock_error_s=CLOCK_ERROR_S, columns=True)
+    now = [0]
+    monitor = StragglerMonitor(clock_ns=lambda: now[0])
+    for req in rd.register_requests():
+        monitor.register(req)
+
+    def filed(tick: int) -> list[tuple[bytes, bytes, bytes]]:
+        pending = monitor._jobs[rd.job_id].pending[tick].columns
+        return [(f.rank, f.cell_rank, f.cell_group) for _, _, _, f, _ in pending]
+
+    for tick in (3, 4):
+        now[0] = int(tick * rd.tick_s * 1e9)
+        for r in rd.reports(tick):
+            monitor.observe(r, progress_columns.decode(r.columns))
+    first, second = filed(3), filed(4)
+    assert len(first) == len(second) == 2  # two agents
+    for a, b in zip(first, second, strict=True):
+        assert a == b and all(x is y for x, y in zip(a, b, strict=True))
+
+    # The first agent now reports its ranks in the other order: new bytes.
+    now[0] = int(5 * rd.tick_s * 1e9)
+    r = next(iter(rd.reports(5)))
+    cols = progress_columns.decode(r.columns)
+    # rank_counts and the rest kept as they were: filing reads only the layout here.
+    order = [1, 0, *range(2, len(cols.rank))]
+    r.columns.rank = b"".join(r.columns.rank[4 * i : 4 * i + 4] for i in order)
+    changed = progress_columns.decode(r.columns)
+    monitor.observe(r, changed)
+    (now_filed,) = filed(5)
+    assert now_filed == changed.packed_layout != first[0]
+    assert now_filed[0] is changed.packed_layout[0]
+
+
 def test_a_filed_columns_report_is_not_kept_until_its_tick_is_scored() -> None:
     """Filing copies the columns scoring reads: a report kept whole until its
     tick was scored kept its relay's whole ProgressBatch parsed (protobuf's
