@@ -250,17 +250,24 @@ def test_a_rank_in_two_groups_is_named_in_each_and_scored_against_its_own_peers(
     assert max(x.score for x in r.view.ranks if x.rank != 6) < 0.05
 
 
-def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
-    """A report waits two ticks to be scored, so three ticks of every agent's
-    reports are held at once. Their rank, cell_rank and cell_group columns are
-    the same bytes report after report: held once per agent, not once per
-    report. An agent whose layout changes is filed with its new one."""
+def _columns_monitor() -> tuple[Readings, list[int], StragglerMonitor]:
+    """A 16-rank job's columns readings (two agents), and a monitor on a
+    clock the test sets (ns), every agent registered."""
     job = SimJob(ranks=16)
     rd = Readings(job, simulate(job, 10), clock_error_s=CLOCK_ERROR_S, columns=True)
     now = [0]
     monitor = StragglerMonitor(clock_ns=lambda: now[0])
     for req in rd.register_requests():
         monitor.register(req)
+    return rd, now, monitor
+
+
+def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
+    """A report waits two ticks to be scored, so three ticks of every agent's
+    reports are held at once. Their rank, cell_rank and cell_group columns are
+    the same bytes report after report: held once per agent, not once per
+    report. An agent whose layout changes is filed with its new one."""
+    rd, now, monitor = _columns_monitor()
 
     def filed(tick: int) -> list[tuple[bytes, bytes, bytes]]:
         pending = monitor._jobs[rd.job_id].pending[tick].columns
@@ -295,12 +302,7 @@ def test_a_filed_columns_report_is_not_kept_until_its_tick_is_scored() -> None:
     arena) with it, three ticks of every agent's reports at 4,096 ranks
     (benchmarks/coordinator_load.py: 0.8 KB a rank). Scoring still reads the
     same numbers: every test above replays columns reports."""
-    job = SimJob(ranks=16)
-    rd = Readings(job, simulate(job, 10), clock_error_s=CLOCK_ERROR_S, columns=True)
-    now = [0]
-    monitor = StragglerMonitor(clock_ns=lambda: now[0])
-    for req in rd.register_requests():
-        monitor.register(req)
+    rd, now, monitor = _columns_monitor()
     now[0] = int(3 * rd.tick_s * 1e9)
     batch = pb.ProgressBatch(reports=list(rd.reports(3)))
     assert len(batch.reports) == 2
