@@ -149,8 +149,9 @@ class _Job:
     # Agent -> the rank, cell_rank and cell_group bytes of its newest filed
     # report. An agent sends the same ones report after report, and a report
     # is held until its tick is scored, two ticks on: the held reports share
-    # one copy instead of one each (about 80 bytes a rank at 8 ranks and 32
-    # cells an agent).
+    # one copy instead of one each: three ticks of filed reports 468 -> 406
+    # bytes a rank (benchmarks/ingest_path.py), the copy being the registry's
+    # plan's own when both took the same unpacked report.
     layouts: dict[str, tuple[bytes, bytes, bytes]] = field(default_factory=dict)
     epoch_ns: int | None = None  # instants in the group history are ns after this
     scored_through: int = -1
