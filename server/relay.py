@@ -65,6 +65,7 @@ from typing import Any, Final
 
 import grpc
 from hangwatch.server.ingest.auth import SERVICE, TokenAuth
+from hangwatch.server.ingest.requests import next_request
 from hangwatch.server.relay_calls import CarriedCalls
 from hangwatch.server.relay_http import RelayHttp
 
@@ -238,9 +239,12 @@ class RelayService:
 
         async def read() -> None:
             try:
-                async for req in request_iterator:
+                # The report waits in the relay's next batch, not also here
+                # until the agent's next one (ingest.requests).
+                while (req := await next_request(context)) is not None:
                     sessions.add(req.session_id)
                     relay.take(req, stream)
+                    del req
                     if stream.done.is_set():
                         break
             finally:

@@ -127,7 +127,8 @@ class FileBatch:
             raise Invalid(f"chunk rank {chunk.rank} differs from its file's {f.key.rank}")
         if chunk.offset != f.size:
             raise Invalid(f"chunk offset {chunk.offset} but {f.size} bytes received so far")
-        n = len(chunk.data)
+        data = chunk.data  # read once: every read of a bytes field copies it
+        n = len(data)
         if f.size + n > self._max_file:
             raise TooLarge(f"file exceeds the {self._max_file}-byte cap")
         if f.total_size is not None and f.size + n > f.total_size:
@@ -138,7 +139,7 @@ class FileBatch:
             )
         self._held.take(n)
         self.bytes += n
-        f.parts.append(chunk.data)
+        f.parts.append(data)
         f.size += n
         if chunk.last:
             if f.total_size is not None and f.size != f.total_size:

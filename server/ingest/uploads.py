@@ -133,20 +133,23 @@ class FileUpload:
             raise Invalid(f"chunk rank {chunk.rank} differs from the stream's {self.key.rank}")
         if chunk.offset != self.written:
             raise Invalid(f"chunk offset {chunk.offset} but {self.written} bytes received so far")
-        if self.written + len(chunk.data) > self.max_bytes:
+        # Read once: every read of a bytes field copies it (a MiB a chunk).
+        data = chunk.data
+        if self.written + len(data) > self.max_bytes:
             raise TooLarge(f"file exceeds the {self.max_bytes}-byte cap")
-        if self.total_size is not None and self.written + len(chunk.data) > self.total_size:
+        if self.total_size is not None and self.written + len(data) > self.total_size:
             raise Invalid(f"more data than the announced total_size {self.total_size}")
-        self._fh.write(chunk.data)
-        self.sha.update(chunk.data)
-        self.written += len(chunk.data)
+        self._fh.write(data)
+        self.sha.update(data)
+        self.written += len(data)
 
-    def finish(self, last: pb.BundleChunk) -> None:
-        """Verify and move into place; blocking (fsync), run it off the event loop."""
+    def finish(self, sha256: str) -> None:
+        """Verify against the last chunk's `sha256` and move into place;
+        blocking (fsync), run it off the event loop."""
         assert self._fh is not None
         if self.total_size is not None and self.written != self.total_size:
             raise IntegrityError(f"received {self.written} bytes, announced {self.total_size}")
-        want = last.sha256.strip().lower()
+        want = sha256.strip().lower()
         if not want:
             raise Invalid("final chunk carries no sha256")
         got = self.sha.hexdigest()

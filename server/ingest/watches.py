@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
+import grpc
 from hangwatch.server.ingest import validate
+from hangwatch.server.ingest.requests import next_request
 from hangwatch.server.live.registry import JobRegistry, StaleSession
 
 from hangwatch.wire import pb
@@ -32,7 +33,10 @@ MAX_COMMANDS_A_MESSAGE: Final = 1024
 
 @dataclass
 class _Watch:
-    req: pb.WatchRequest
+    # The WatchRequest's names, not the message: a sub-message keeps its
+    # whole CommandWatch alive (ingest.requests).
+    job_id: str
+    agent_id: str
     token: int
     delivered: set[tuple[str, int]] = field(default_factory=set)
 
@@ -53,17 +57,21 @@ class RelayedWatches:
     def __len__(self) -> int:
         return len(self._watches)
 
-    async def read(self, requests: AsyncIterator[pb.CommandWatch]) -> None:
+    async def read(self, context: grpc.aio.ServicerContext[pb.CommandWatch, Any]) -> None:
         """Apply the relay's messages until it closes its side. Raises
         validate.Invalid for a watch naming no valid sender."""
-        async for msg in requests:
-            if msg.relay_id and not self.relay_id:
-                self.relay_id = msg.relay_id[:128]
-            for req in msg.closed:
-                self._close(req.session_id)
-            for req in msg.opened:
-                validate.sender(req)
-                self._open(req)
+        while (msg := await next_request(context)) is not None:
+            self._apply(msg)
+            del msg
+
+    def _apply(self, msg: pb.CommandWatch) -> None:
+        if msg.relay_id and not self.relay_id:
+            self.relay_id = msg.relay_id[:128]
+        for req in msg.closed:
+            self._close(req.session_id)
+        for req in msg.opened:
+            validate.sender(req)
+            self._open(req)
 
     def _open(self, req: pb.WatchRequest) -> None:
         sid = req.session_id
@@ -78,7 +86,7 @@ class RelayedWatches:
             self._ended.append(pb.RelayedCommand(session_id=sid, end=pb.WATCH_END_UNKNOWN_SESSION))
             self.wake.set()
             return
-        self._watches[sid] = _Watch(req=req, token=token)
+        self._watches[sid] = _Watch(job_id=req.job_id, agent_id=req.agent_id, token=token)
         self._woke(sid)
 
     def _woke(self, sid: str) -> None:
@@ -89,7 +97,7 @@ class RelayedWatches:
         w = self._watches.pop(sid, None)
         self._woken.discard(sid)
         if w is not None:
-            self.registry.remove_waker(w.req.job_id, w.req.agent_id, w.token)
+            self.registry.remove_waker(w.job_id, w.agent_id, w.token)
 
     def due(self, *, every: bool = False) -> list[pb.RelayedCommand]:
         """What to send now: the woken watches' new commands (every watch's,
@@ -101,7 +109,7 @@ class RelayedWatches:
         for sid in sids:
             w = self._watches[sid]
             try:
-                cmds = self.registry.pending_commands(sid, w.req.job_id, w.req.agent_id)
+                cmds = self.registry.pending_commands(sid, w.job_id, w.agent_id)
             except StaleSession:  # a newer Register replaced it: the agent opens a new call
                 self._close(sid)
                 out.append(pb.RelayedCommand(session_id=sid, end=pb.WATCH_END_REPLACED))
