@@ -27,10 +27,6 @@ def _parsed(*types: type) -> int:
     return sum(1 for o in gc.get_objects() if type(o) in types)
 
 
-def _as_bytes(x: bytes) -> bytes:
-    return x
-
-
 @pytest.mark.timeout(30)
 def test_an_upload_stream_does_not_hold_its_last_message(coordinator: Coordinator) -> None:
     """Its chunks' data is held (the batch is stored whole at the end); the
@@ -42,19 +38,17 @@ def test_an_upload_stream_does_not_hold_its_last_message(coordinator: Coordinato
     cs = chunks("job-1", "node-a", iid, 0, "fr_tail_rank_0", data, 128_000)
     first, rest = (pb.BundleChunks(chunks=part).SerializeToString() for part in (cs[:1], cs[1:]))
     del cs
-    sent = threading.Event()
     go_on = threading.Event()
 
     def requests() -> Iterator[bytes]:
         yield first
-        sent.set()
         go_on.wait(20)
         yield rest
 
     with grpc.insecure_channel(coordinator.grpc_address) as ch:
         call = ch.stream_unary(
             f"/{SERVICE}/UploadFiles",
-            request_serializer=_as_bytes,
+            request_serializer=None,  # the requests are serialized already
             response_deserializer=pb.UploadFilesAck.FromString,
         )
         ack = call.future(requests(), timeout=20)
@@ -91,7 +85,7 @@ def test_a_relay_stream_does_not_hold_its_last_batch(coordinator: Coordinator) -
     with grpc.insecure_channel(coordinator.grpc_address) as ch:
         call = ch.stream_stream(
             f"/{SERVICE}/RelayProgress",
-            request_serializer=_as_bytes,
+            request_serializer=None,  # the requests are serialized already
             response_deserializer=pb.RelayAck.FromString,
         )
         answers = call(requests(), timeout=20)
