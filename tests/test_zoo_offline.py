@@ -149,7 +149,15 @@ def test_crashing_rank_surfaces_its_stderr(tmp_path: Path) -> None:
     ):
         job.wait(timeout=30)
     message = str(err.value)
-    assert "rank 1 exit code 1" in message
+    # The rank raises with its gloo group never destroyed: Python exits 1, or,
+    # now and then under load, torch's teardown of that group during
+    # interpreter finalization calls std::terminate ("terminate called without
+    # an active exception", SIGABRT, -6: once in a full-suite run here; 30
+    # reruns with both cores busy all exited 1). The harness must report
+    # whichever it was.
+    rc = job.returncodes()[1]
+    assert rc in (1, -6)
+    assert f"rank 1 exit code {rc};" in message
     assert "RuntimeError: injected crash on rank 1" in message
 
 
