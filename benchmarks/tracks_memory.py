@@ -6,12 +6,14 @@
 job. Rows are added as a tick first reads them: while a job registers, a
 few agents (8 ranks each) at a time. Each round is a fresh process that adds
 `--ranks` x `--groups` rows `--batch` ranks at a time, then pushes every row
-three times, as three scored ticks do, and reads its own RSS growth (what
-the coordinator's "memory per rank" counts).
+`--pushes` times, as that many scored ticks do, each push off level on each
+counter with probability `--odd-share` (a healthy job's noise: 2%), and reads
+its own RSS growth (what the coordinator's "memory per rank" counts).
 
 The anchor is what the rows hold: the arrays' bytes a row times the rows,
-nothing spare. RSS is printed as a ratio to it (1.0: no spare room, no
-freed copies left resident). Medians over `--rounds` processes.
+and the pool's rings for rows with more odd pushes than a row keeps, nothing
+spare. RSS is printed as a ratio to it (1.0: no spare room, no freed copies
+left resident). Medians over `--rounds` processes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def rss_kb() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
-ranks, groups, batch = {ranks}, {groups}, {batch}
+ranks, groups, batch, pushes, share = {ranks}, {groups}, {batch}, {pushes}, {share}
+rng = np.random.default_rng(1)
 t = Tracks()
 before = rss_kb()
 for first in range(0, ranks, batch):
@@ -45,23 +48,34 @@ for first in range(0, ranks, batch):
 registered = rss_kb()
 rows = np.arange(t.n_rows)
 zero = np.zeros(t.n_rows)
-for _ in range(3):
-    t.push(rows, zero, zero, np.full(t.n_rows, np.nan), np.zeros(t.n_rows, np.int64))
+
+
+def noise() -> np.ndarray:
+    return np.where(rng.random(t.n_rows) < share, rng.choice([-1.0, 1.0], t.n_rows), 0.0)
+
+
+for _ in range(pushes):
+    t.push(rows, noise(), zero, noise(), np.zeros(t.n_rows, np.int64))
 pushed = rss_kb()
+not_rows = getattr(t, "_NOT_ROWS", ("keys", "rows"))
+pool = getattr(t, "pool", None)
 row_bytes = sum(
     v.itemsize * (v.size // len(v))
     for k, v in vars(t).items()
-    if isinstance(v, np.ndarray) and k not in ("keys", "rows")
+    if isinstance(v, np.ndarray) and k not in not_rows
 ) + t.keys.itemsize + t.rows.itemsize
 print(json.dumps({{
     "rows": t.n_rows, "capacity": len(t.gid), "row_bytes": row_bytes,
+    "pooled": getattr(t, "pool_used", 0), "pool_row_bytes": 0 if pool is None else pool.shape[1],
     "registered_kb": registered - before, "pushed_kb": pushed - before,
 }}))
 """
 
 
-def one_round(ranks: int, groups: int, batch: int) -> dict[str, int]:
-    code = ROUND.format(repo=str(REPO), ranks=ranks, groups=groups, batch=batch)
+def one_round(ranks: int, groups: int, batch: int, pushes: int, share: float) -> dict[str, int]:
+    code = ROUND.format(
+        repo=str(REPO), ranks=ranks, groups=groups, batch=batch, pushes=pushes, share=share
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
     )
@@ -74,12 +88,19 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=4096)
     p.add_argument("--groups", type=int, default=5, help="groups a rank is in")
     p.add_argument("--batch", type=int, default=8, help="ranks whose rows are added at once")
+    p.add_argument("--pushes", type=int, default=30, help="scored ticks")
+    p.add_argument("--odd-share", type=float, default=0.02, help="pushes off level, each counter")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    runs = [one_round(args.ranks, args.groups, args.batch) for _ in range(args.rounds)]
+    runs = [
+        one_round(args.ranks, args.groups, args.batch, args.pushes, args.odd_share)
+        for _ in range(args.rounds)
+    ]
     first = runs[0]
-    anchor_kb = first["rows"] * first["row_bytes"] / 1024
+    anchor_kb = (
+        first["rows"] * first["row_bytes"] + first["pooled"] * first["pool_row_bytes"]
+    ) / 1024
     reg = statistics.median(r["registered_kb"] for r in runs)
     pushed = statistics.median(r["pushed_kb"] for r in runs)
     out = {
@@ -89,6 +110,7 @@ def main() -> None:
         "rows": first["rows"],
         "capacity": first["capacity"],
         "row_bytes": first["row_bytes"],
+        "pooled": first["pooled"],
         "anchor_kb_per_rank": round(anchor_kb / args.ranks, 3),
         "registered_kb_per_rank": round(reg / args.ranks, 3),
         "pushed_kb_per_rank": round(pushed / args.ranks, 3),
@@ -101,7 +123,8 @@ def main() -> None:
         return
     print(
         f"{args.ranks} ranks x {args.groups} groups, rows added {args.batch} ranks at a time: "
-        f"{out['rows']} rows in room for {out['capacity']}, {out['row_bytes']} B a row"
+        f"{out['rows']} rows in room for {out['capacity']}, {out['row_bytes']} B a row, "
+        f"{out['pooled']} rings in the pool"
     )
     print(f"  anchor (the rows' bytes)     {out['anchor_kb_per_rank']:.2f} KB a rank")
     print(
@@ -109,7 +132,7 @@ def main() -> None:
         f"({out['registered_ratio']:.2f}x)"
     )
     print(
-        f"  RSS, after 3 pushes          {out['pushed_kb_per_rank']:.2f} KB a rank "
+        f"  RSS, after {args.pushes} pushes         {out['pushed_kb_per_rank']:.2f} KB a rank "
         f"({out['pushed_ratio']:.2f}x)  each round: {out['pushed_kb_per_rank_each']}"
     )
 

@@ -13,8 +13,9 @@ this module keeps the counts they read.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
@@ -41,12 +42,24 @@ IDLE_TICKS: Final = 5  # a group whose median counter is unchanged this long is 
 # straggler is exactly 0.5 behind, less the instant correction's rounding.
 GAP: Final = 0.4
 
-# A track's pushes, one nibble each (two a byte): the low two bits its gap to
-# the median member on the enqueued counter, the high two on the started one
-# (0: not measured). 150 bytes a (group, rank) for the whole window, against
-# about 700 for the six 300-bit Python ints this replaced.
+# A push's code, a nibble: the low two bits its gap to the median member on
+# the enqueued counter, the high two on the started one (0: not measured).
 _LEVEL, _BEHIND, _AHEAD = 0, 1, 2
 _S_NONE, _S_LEVEL, _S_BEHIND, _S_AHEAD = 0, 1, 2, 3
+# A track's pushes over the window. A healthy row pushes one code over and
+# over (level; level with started unmeasured), so a row keeps that code (its
+# base) and, oldest first, the pushes that differ from it: up to _ODD, each a
+# uint16 (its slot in the window << 4 | its code) in a small ring of its own.
+# Pushes leave the window oldest first, so the push leaving is the oldest odd
+# one or none, and each push reads a fixed few entries (numpy over one value
+# a row, not over _ODD: the window's slots searched were 2.4x the push's
+# cost). A row with more odd pushes is given a ring of nibbles (150 bytes,
+# two pushes a byte) from the pool until a recount finds _ODD or fewer
+# again. 40 bytes a row for 150: the rings were 0.6 KB of a 4,096-rank
+# job's 4.0 KB a rank. A simulated job's healthy windows held a median of
+# 8-11 odd pushes (jitter 2-5%): 1-4% of its rows were in the pool.
+_ODD: Final = 16
+_RECOUNT_TICKS: Final = 30  # a pooled row is recounted every this many pushes
 _HIST: Final = RATE_TICKS + 1
 _NO_TICK: Final = -(1 << 62)
 _FIRST_CELLS: Final = 64
@@ -57,18 +70,39 @@ _FIRST_GROUPS: Final = 8
 _VALUE_BITS: Final = 40
 
 
+# Arrays this large or larger are mapped by `_zeros` itself, not calloc'd.
+_MAPPED_BYTES: Final = 1 << 16
+
+
+def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> np.ndarray:
+    """np.zeros, but an array of _MAPPED_BYTES or more is its own anonymous
+    mapping: zero pages that cost nothing until written, given back whole
+    when the array goes. calloc promises that only while glibc maps the
+    block itself, and glibc stops mapping a size once a mapped block that
+    large was freed (its threshold follows frees up to 32 MiB): after the
+    first doubling freed one, the next ones came from the heap, zeroed by
+    memset (their spare rows resident) and leaving holes as they were
+    freed in turn. At 4,096 ranks in 5 groups, rows added 8 ranks at a
+    time, the tracks took 2.83 KB a rank of RSS this way and 2.38 mapped
+    (benchmarks/tracks_memory.py)."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes < _MAPPED_BYTES:
+        return np.zeros(shape, dt)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dt).reshape(shape)
+
+
 def _grown(a: np.ndarray, n: int, used: int | None = None) -> np.ndarray:
     """`a` with room for at least `n` rows (doubling), its first `used` rows
-    (all by default) kept. The room is zeros from calloc, and only the kept
-    rows are copied: a large array is mapped fresh, so the rows not yet used
-    cost no memory until they are written. Filled as np.full fills, the
-    doubling's spare rows were resident: at 4,096 ranks in 5 groups (32,768
-    rows held for 20,480) the tracks' RSS was 3.48 KB a rank, 2.95-3.09 with
-    this (benchmarks/tracks_memory.py)."""
+    (all by default) kept. The room is `_zeros`, and only the kept rows are
+    copied, so the rows not yet used cost no memory until they are written.
+    Filled as np.full fills, the doubling's spare rows were resident: at
+    4,096 ranks in 5 groups (32,768 rows held for 20,480) the tracks' RSS was
+    3.48 KB a rank, 2.95-3.09 with zeros (benchmarks/tracks_memory.py)."""
     if len(a) >= n:
         return a
     keep = len(a) if used is None else used
-    out = np.zeros((max(n, 2 * len(a)), *a.shape[1:]), dtype=a.dtype)
+    out = _zeros((max(n, 2 * len(a)), *a.shape[1:]), a.dtype)
     out[:keep] = a[:keep]
     return out
 
@@ -102,12 +136,21 @@ class Tracks:
         # ... and over the last CLEAR_TICKS pushes, for clearing a flagged rank.
         self.behind_clear = np.zeros(c, np.int16)
         self.ahead_clear = np.zeros(c, np.int16)
-        self.ring = np.zeros((c, WINDOW_TICKS // 2), np.uint8)
+        self.base = np.zeros(c, np.uint8)  # level on the counters it measured
+        self.odd = np.zeros((c, _ODD), np.uint16)  # its odd pushes, a ring from odd_head
+        self.odd_head = np.zeros(c, np.uint8)
+        self.odd_count = np.zeros(c, np.uint8)
+        self.odd_clear = np.zeros(c, np.uint8)  # of them, older than the last CLEAR_TICKS
+        self.ring = np.zeros(c, np.int32)  # its row of the pool; -1: none (_FILLS)
+        self.pool = np.zeros((0, WINDOW_TICKS // 2), np.uint8)
+        self.pool_free: list[int] = []
+        self.pool_used = 0
         # Lookup: keys (gid << 32 | rank) sorted, and the row of each.
         self.keys = np.zeros(0, np.int64)
         self.rows = np.zeros(0, np.int64)
 
-    _FILLS: Final = {"last_tick": _NO_TICK, "flagged_at": np.nan}
+    _FILLS: Final = {"last_tick": _NO_TICK, "flagged_at": np.nan, "ring": -1}
+    _NOT_ROWS: Final = ("keys", "rows", "pool")
 
     def find(self, gid: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """Row of each (gid, rank), new rows made for those not seen before."""
@@ -129,7 +172,7 @@ class Tracks:
     def _add(self, keys: np.ndarray) -> None:
         start, end = self.n_rows, self.n_rows + len(keys)
         for name, value in vars(self).items():
-            if isinstance(value, np.ndarray) and name not in ("keys", "rows"):
+            if isinstance(value, np.ndarray) and name not in self._NOT_ROWS:
                 grown = _grown(value, end, start)
                 if name in self._FILLS:
                     grown[start:end] = self._FILLS[name]
@@ -165,17 +208,54 @@ class Tracks:
         hit = behind | s_behind
         n = self.n[rows]
         full = n >= WINDOW_TICKS
-        # Leaving the window: the push WINDOW_TICKS ago, at the slot this one takes.
-        out = np.where(full, self._nibble(rows, n % WINDOW_TICKS), 0)
+        # A new row's base: level, on the started counter too where it is measured.
+        base = np.where(n == 0, _level(code), self.base[rows])
+        self.base[rows] = base
+        ring = self.ring[rows]
+        pooled = ring >= 0
+        slot = n % WINDOW_TICKS
+        # The pushes read, of those in the window before this one: the one
+        # leaving it (n - WINDOW_TICKS, at this push's slot), the one after
+        # it (the window's oldest next), the one leaving the last CLEAR_TICKS
+        # and the one before this.
+        head = self.odd_head[rows].astype(np.int64)
+        count = self.odd_count[rows].astype(np.int64)
+        clear = self.odd_clear[rows].astype(np.int64)
+        first = self._odd_at(rows, head, count, 0)
+        out_odd = full & (first >> 4 == slot)
+        out = np.where(out_odd, first & 15, np.where(full, base, 0))
+        after = np.where(out_odd, self._odd_at(rows, head, count, 1), first)
+        oldest = np.where(after >> 4 == (n + 1) % WINDOW_TICKS, after & 15, base)
+        at_clear = self._odd_at(rows, head, count, clear)
+        clear_odd = (n >= CLEAR_TICKS) & (at_clear >> 4 == (n - CLEAR_TICKS) % WINDOW_TICKS)
+        out_clear = np.where(clear_odd, at_clear & 15, np.where(n >= CLEAR_TICKS, base, 0))
+        last = self._odd_at(rows, head, count, count - 1)
+        prev = np.where(last >> 4 == (n - 1) % WINDOW_TICKS, last & 15, base)
+        if pooled.any():
+            p, pr = np.flatnonzero(pooled), ring[pooled]
+            out[p] = np.where(full[p], self._nibble(pr, slot[p]), 0)
+            oldest[p] = self._nibble(pr, (n[p] + 1) % WINDOW_TICKS)
+            out_clear[p] = np.where(
+                n[p] >= CLEAR_TICKS, self._nibble(pr, (n[p] - CLEAR_TICKS) % WINDOW_TICKS), 0
+            )
+            prev[p] = self._nibble(pr, (n[p] - 1) % WINDOW_TICKS)
+            self._set_nibble(pr, slot[p], code[p])
         out_hit = _hit(out)
-        # The push before this one; and the one that becomes the window's oldest.
-        prev_hit = (n >= 1) & _hit(self._nibble(rows, (n - 1) % WINDOW_TICKS))
-        oldest_hit = full & _hit(self._nibble(rows, (n + 1) % WINDOW_TICKS))
-        # Leaving the last CLEAR_TICKS.
-        out_clear = np.where(
-            n >= CLEAR_TICKS, self._nibble(rows, (n - CLEAR_TICKS) % WINDOW_TICKS), 0
-        )
-        self._set_nibble(rows, n % WINDOW_TICKS, code)
+        prev_hit = (n >= 1) & _hit(prev)
+        oldest_hit = full & _hit(oldest)
+        # The odd pushes: the leaving one goes, this one comes if odd.
+        head = (head + out_odd) % _ODD
+        count -= out_odd
+        clear += clear_odd.astype(np.int64) - out_odd
+        odd = ~pooled & (code != base)
+        room = odd & (count < _ODD)
+        r = np.flatnonzero(room)
+        self.odd[rows[r], (head[r] + count[r]) % _ODD] = (slot[r] << 4) | code[r]
+        count += room
+        self.odd_head[rows], self.odd_count[rows], self.odd_clear[rows] = head, count, clear
+        over = np.flatnonzero(odd & ~room)
+        if len(over):
+            self._to_pool(rows[over], slot[over], code[over], base[over])
         self.behind[rows] += behind.astype(np.int16) - ((out & 3) == _BEHIND)
         self.ahead[rows] += ahead.astype(np.int16) - ((out & 3) == _AHEAD)
         self.s_seen[rows] += s_seen.astype(np.int16) - ((out >> 2) != _S_NONE)
@@ -188,20 +268,105 @@ class Tracks:
         self.episodes[rows] += (hit & ~prev_hit).astype(np.int16) - out_hit + (oldest_hit & out_hit)
         n = n + 1
         self.n[rows] = n
+        recount = (ring >= 0) & (n % _RECOUNT_TICKS == 0)
+        if recount.any():
+            self._recount(rows[recount], n[recount], code[recount])
         late = self.late_s[rows]
         self.late_s[rows] = late + (late_s - late) / np.minimum(n, LATE_TICKS)
         step = np.where(hit, LLR_BEHIND, np.where(ahead, LLR_AHEAD, LLR_LEVEL))
         self.cusum[rows] = np.minimum(2 * CUSUM_H, np.maximum(0.0, self.cusum[rows] + step))
         self.err_s[rows] = err_ns / 1e9
 
-    def _nibble(self, rows: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        at = rows * (WINDOW_TICKS // 2) + (pos >> 1)  # flat: 2-D fancy indexing is 3x slower
-        out: np.ndarray = (self.ring.reshape(-1)[at] >> ((pos & 1) << 2)) & 15
+    # The window's pushes: a row's base and odd pushes, or its ring in the pool.
+
+    def _odd_at(
+        self, rows: np.ndarray, head: np.ndarray, count: np.ndarray, i: np.ndarray | int
+    ) -> np.ndarray:
+        """Each row's `i`-th odd push, oldest first (slot << 4 | code); where it
+        has none, slot 4095: no slot of a window."""
+        i = np.broadcast_to(i, count.shape)
+        has = (i >= 0) & (i < count)
+        e = self.odd[rows, (head + np.where(has, i, 0)) % _ODD].astype(np.int64)
+        out: np.ndarray = np.where(has, e, 0xFFFF)
         return out
 
-    def _set_nibble(self, rows: np.ndarray, pos: np.ndarray, code: np.ndarray) -> None:
-        flat = self.ring.reshape(-1)
-        at = rows * (WINDOW_TICKS // 2) + (pos >> 1)
+    def _to_pool(
+        self, rows: np.ndarray, slot: np.ndarray, code: np.ndarray, base: np.ndarray
+    ) -> None:
+        """Rings for rows with one odd push too many: every slot their base,
+        then their odd pushes, then this one."""
+        free = [self.pool_free.pop() for _ in range(min(len(rows), len(self.pool_free)))]
+        new = len(rows) - len(free)
+        self.pool = _grown(self.pool, self.pool_used + new, self.pool_used)
+        ring = np.array(free + list(range(self.pool_used, self.pool_used + new)), np.int64)
+        self.pool_used += new
+        window = np.repeat(base.astype(np.uint8)[:, None], WINDOW_TICKS, axis=1)
+        r, e = self._odd_entries(rows)
+        window[r, e >> 4] = e & 15
+        window[np.arange(len(rows)), slot] = code
+        self.pool[ring] = window[:, 0::2] | (window[:, 1::2] << 4)
+        self.odd_head[rows] = self.odd_count[rows] = self.odd_clear[rows] = 0
+        self.ring[rows] = ring
+
+    def _odd_entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every odd push of `rows`: (index into rows, entry), oldest first."""
+        k = np.arange(_ODD)[None, :]
+        held = k < self.odd_count[rows][:, None]
+        cols = (self.odd_head[rows][:, None].astype(np.int64) + k) % _ODD
+        r, i = np.nonzero(held)
+        return r, self.odd[rows[r], cols[r, i]].astype(np.int64)
+
+    def _recount(self, rows: np.ndarray, n: np.ndarray, code: np.ndarray) -> None:
+        """Pooled rows (`n` pushes each, the last `code`) whose window again
+        holds _ODD or fewer pushes off level leave the pool, level their
+        base (on the started counter too where the last push measured it)."""
+        packed = self.pool[self.ring[rows]]
+        window = np.empty((len(rows), WINDOW_TICKS), np.uint8)
+        window[:, 0::2], window[:, 1::2] = packed & 15, packed >> 4
+        # Before the window fills, slot i is push i: the slots past n are unused.
+        used = np.arange(WINDOW_TICKS)[None, :] < n[:, None]
+        base = _level(code)
+        odd = used & (window != base[:, None])
+        leave = np.flatnonzero(odd.sum(axis=1) <= _ODD)
+        if not len(leave):
+            return
+        rows, odd, window, n = rows[leave], odd[leave], window[leave], n[leave]
+        # Oldest first: a slot's age, in pushes before the last, is (n - 1 - slot) mod WINDOW_TICKS.
+        age = (n[:, None] - 1 - np.arange(WINDOW_TICKS)[None, :]) % WINDOW_TICKS
+        r, pos = np.nonzero(odd)
+        order = np.lexsort((-age[r, pos], r))
+        r, pos = r[order], pos[order]
+        k = np.arange(len(r)) - np.searchsorted(r, r)  # the k-th odd push of its row
+        self.odd[rows[r], k] = (pos << 4) | window[r, pos]
+        self.odd_head[rows] = 0
+        self.odd_count[rows] = odd.sum(axis=1)
+        self.odd_clear[rows] = (odd & (age >= CLEAR_TICKS)).sum(axis=1)
+        self.base[rows] = base[leave]
+        self.pool_free.extend(self.ring[rows].tolist())
+        self.ring[rows] = -1
+
+    def window(self, row: int) -> list[int]:
+        """Row `row`'s pushes in the window, oldest first, as codes."""
+        n = int(self.n[row])
+        slots = [k % WINDOW_TICKS for k in range(max(0, n - WINDOW_TICKS), n)]
+        ring = int(self.ring[row])
+        if ring >= 0:
+            at = np.array(slots, np.int64)
+            return [int(c) for c in self._nibble(np.full(len(at), ring), at)]
+        codes = dict.fromkeys(slots, int(self.base[row]))
+        _, entries = self._odd_entries(np.array([row]))
+        for e in entries.tolist():
+            codes[e >> 4] = e & 15
+        return [codes[k] for k in slots]
+
+    def _nibble(self, ring: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        at = ring * (WINDOW_TICKS // 2) + (pos >> 1)  # flat: 2-D fancy indexing is 3x slower
+        out: np.ndarray = (self.pool.reshape(-1)[at] >> ((pos & 1) << 2)) & 15
+        return out
+
+    def _set_nibble(self, ring: np.ndarray, pos: np.ndarray, code: np.ndarray) -> None:
+        flat = self.pool.reshape(-1)
+        at = ring * (WINDOW_TICKS // 2) + (pos >> 1)
         shift = ((pos & 1) << 2).astype(np.uint8)
         flat[at] = (flat[at] & ~(np.uint8(15) << shift)) | (code.astype(np.uint8) << shift)
 
@@ -231,6 +396,12 @@ class Tracks:
         both = self.behind[rows].astype(np.int64) + self.ahead[rows]
         out: np.ndarray = np.where(seen > 0, both / np.maximum(seen, 1), 0.0)
         return out
+
+
+def _level(code: np.ndarray) -> np.ndarray:
+    """The level push on the counters `code` measured."""
+    out: np.ndarray = np.where((code >> 2) != _S_NONE, _S_LEVEL << 2, _LEVEL)
+    return out
 
 
 def _hit(code: np.ndarray) -> np.ndarray:

@@ -172,27 +172,58 @@ def test_a_rank_late_in_one_long_run_is_explained_not_contradicted() -> None:
     assert [r.long_run for r in hung.ranks] == [False, True]
 
 
+def _off_level(rng: random.Random, share: float, started: bool) -> tuple[float, float]:
+    """A push's (gap, started gap): level on both but for `share` of pushes."""
+    gap = rng.choice([-1.0, 0.5, 1.0]) if rng.random() < share else 0.0
+    if not started:
+        return gap, np.nan
+    return gap, rng.choice([-1.0, 1.0]) if rng.random() < share else 0.0
+
+
+def _noisy(rng: random.Random, tick: int, row: int) -> tuple[float, float]:
+    """Rows 0-1: any push any code; 2-3: 2% off level, but half in ticks
+    150-190, past the odd pushes a row keeps (and back once they left the
+    window); 4: its started counter measured from tick 150 on (a new base);
+    5: level, started unmeasured, but for a burst in ticks 100-130."""
+    if row < 2:
+        return rng.choice([-1.0, 0.0, 0.0, 0.5, 1.0]), rng.choice([np.nan, -1.0, 0.0, 1.0])
+    if row < 4:
+        return _off_level(rng, 0.5 if 150 <= tick < 190 else 0.02, started=True)
+    if row == 4:
+        return _off_level(rng, 0.02, started=tick >= 150)
+    return _off_level(rng, 0.9 if 100 <= tick < 130 else 0.0, started=False)
+
+
 @pytest.mark.timeout(30)
 def test_window_counts_kept_as_pushes_come_and_go_equal_a_recount() -> None:
     """The tracks keep their window's counts by adding each push and taking
     out the one that leaves (WINDOW_TICKS and CLEAR_TICKS back); after every
-    push they must equal a count over the pushes themselves. Rows are pushed
-    at different rates, as ranks missing from some ticks are."""
+    push they must equal a count over the pushes themselves, and the window
+    they keep must be those pushes, whether a row keeps its few odd pushes
+    or a ring from the pool, through every move between the two. Rows are
+    pushed at different rates, as ranks missing from some ticks are."""
     rng = random.Random(11)
     tracks = Tracks()
     rows = tracks.find(np.zeros(6, np.int64), np.arange(6))
     history: list[list[tuple[bool, bool, bool, bool, bool]]] = [[] for _ in rows]
-    for _ in range(2 * WINDOW_TICKS + 40):
+    codes: list[list[int]] = [[] for _ in rows]
+    pooled: list[list[bool]] = [[] for _ in rows]
+    for tick in range(2 * WINDOW_TICKS + 40):
         pushed = np.array([r for r in rows.tolist() if rng.random() < 0.8 + 0.03 * r])
         if not len(pushed):
             continue
-        gap = np.array([rng.choice([-1.0, 0.0, 0.0, 0.5, 1.0]) for _ in pushed])
-        sgap = np.array([rng.choice([np.nan, -1.0, 0.0, 1.0]) for _ in pushed])
+        gaps = [_noisy(rng, tick, r) for r in pushed.tolist()]
+        gap = np.array([g for g, _ in gaps])
+        sgap = np.array([sg for _, sg in gaps])
         tracks.push(pushed, gap, gap / 10, sgap, np.full(len(pushed), 1000))
         for r, g, sg in zip(pushed.tolist(), gap.tolist(), sgap.tolist(), strict=True):
             seen = not np.isnan(sg)
             history[r].append((g >= GAP, g <= -GAP, seen, seen and sg >= GAP, seen and sg <= -GAP))
+            s_code = 0 if not seen else 2 if sg >= GAP else 3 if sg <= -GAP else 1
+            codes[r].append((1 if g >= GAP else 2 if g <= -GAP else 0) | s_code << 2)
         for r in rows.tolist():
+            pooled[r].append(bool(tracks.ring[r] >= 0))
+            assert tracks.window(r) == codes[r][-WINDOW_TICKS:]
             win, last = history[r][-WINDOW_TICKS:], history[r][-CLEAR_TICKS:]
             one = np.array([r])
             assert tracks.seen(one)[0] == len(win)
@@ -208,6 +239,15 @@ def test_window_counts_kept_as_pushes_come_and_go_equal_a_recount() -> None:
             hits = [p[0] or p[3] for p in win]
             runs = sum(h and (i == 0 or not hits[i - 1]) for i, h in enumerate(hits))
             assert tracks.episodes[r] == runs
+    # Each way through was taken: rows 0-1 always pooled once their window
+    # had 16 odd pushes; 2-5 each pooled in a burst (4: at its new base) and
+    # out of the pool again; row 5 at the end keeps its base alone.
+    assert all(pooled[r][-1] for r in (0, 1))
+    for r in (2, 3, 4, 5):
+        first_in = pooled[r].index(True)
+        assert False in pooled[r][first_in:], f"row {r} never left the pool"
+    assert not pooled[5][-1] and tracks.odd_count[5] == 0
+    assert tracks.pool_used <= 6 and len(tracks.pool_free) + 2 <= tracks.pool_used
 
 
 @pytest.mark.timeout(30)
@@ -222,7 +262,7 @@ def test_rows_added_in_batches_keep_their_state_and_new_rows_start_empty() -> No
         tracks.push(first, ones, ones / 10, np.full(40, np.nan), np.full(40, 1000))
     tracks.last_tick[first] = 7
     tracks.flagged_at[first[:5]] = 12.5
-    ring = tracks.ring[first].copy()
+    windows = [tracks.window(r) for r in first.tolist()]
     for batch in range(1, 6):  # 40 + 5 x 300 rows: grown 64 -> 128 -> ... -> 2,048
         new = tracks.find(np.full(300, batch, np.int64), np.arange(300))
         assert len(tracks.gid) >= tracks.n_rows == 40 + 300 * batch
@@ -231,7 +271,8 @@ def test_rows_added_in_batches_keep_their_state_and_new_rows_start_empty() -> No
         assert (tracks.gid[new] == batch).all() and (tracks.rank[new] == np.arange(300)).all()
     assert (tracks.find(np.zeros(40, np.int64), np.arange(40)) == first).all()
     assert (tracks.n[first] == 3).all() and (tracks.behind[first] == 3).all()
-    assert (tracks.last_tick[first] == 7).all() and (tracks.ring[first] == ring).all()
+    assert (tracks.last_tick[first] == 7).all()
+    assert [tracks.window(r) for r in first.tolist()] == windows == [[1, 1, 1]] * 40
     assert (tracks.flagged_at[first[:5]] == 12.5).all() and np.isnan(
         tracks.flagged_at[first[5:]]
     ).all()
