@@ -83,8 +83,8 @@ def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any] | type) -> np.ndarray:
     first doubling freed one, the next ones came from the heap, zeroed by
     memset (their spare rows resident) and leaving holes as they were
     freed in turn. At 4,096 ranks in 5 groups, rows added 8 ranks at a
-    time, the tracks took 2.83 KB a rank of RSS this way and 2.38 mapped
-    (benchmarks/tracks_memory.py)."""
+    time, the tracks took 2.92 KB a rank of RSS that way and 2.50 mapped
+    (benchmarks/tracks_memory.py --pushes 3 --odd-share 0)."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < _MAPPED_BYTES:
