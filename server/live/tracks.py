@@ -55,11 +55,13 @@ _S_NONE, _S_LEVEL, _S_BEHIND, _S_AHEAD = 0, 1, 2, 3
 # a row, not over _ODD: the window's slots searched were 2.4x the push's
 # cost). A row with more odd pushes is given a ring of nibbles (150 bytes,
 # two pushes a byte) from the pool until a recount finds _ODD or fewer
-# again. 40 bytes a row for 150: the rings were 0.6 KB of a 4,096-rank
-# job's 4.0 KB a rank. A simulated job's healthy windows held a median of
-# 8-11 odd pushes (jitter 2-5%): 1-4% of its rows were in the pool.
-_ODD: Final = 16
+# again. 56 bytes a row for 150: the rings were 0.6 KB of a 4,096-rank
+# job's 4.0 KB a rank. A simulated 256-rank job's windows (400 s, compute
+# jitter 2% and 5%) held a median of 8 and 11 odd pushes, at most 17 and 20:
+# none in the pool. At 16 kept, 1-4% of rows were; at 20% jitter, 94% are.
+_ODD: Final = 24
 _RECOUNT_TICKS: Final = 30  # a pooled row is recounted every this many pushes
+_RECOUNT_CHUNK: Final = 1024  # rows unpacked at once
 _HIST: Final = RATE_TICKS + 1
 _NO_TICK: Final = -(1 << 62)
 _FIRST_CELLS: Final = 64
@@ -319,28 +321,34 @@ class Tracks:
     def _recount(self, rows: np.ndarray, n: np.ndarray, code: np.ndarray) -> None:
         """Pooled rows (`n` pushes each, the last `code`) whose window again
         holds _ODD or fewer pushes off level leave the pool, level their
-        base (on the started counter too where the last push measured it)."""
+        base (on the started counter too where the last push measured it).
+        In chunks: a window unpacked is 300 bytes a row and its masks as
+        much again, and every pooled row of a job recounts at the same tick."""
+        for at in range(0, len(rows), _RECOUNT_CHUNK):
+            part = slice(at, at + _RECOUNT_CHUNK)
+            self._recount_part(rows[part], n[part], _level(code[part]).astype(np.uint8))
+
+    def _recount_part(self, rows: np.ndarray, n: np.ndarray, base: np.ndarray) -> None:
         packed = self.pool[self.ring[rows]]
         window = np.empty((len(rows), WINDOW_TICKS), np.uint8)
         window[:, 0::2], window[:, 1::2] = packed & 15, packed >> 4
+        odd = window != base[:, None]
         # Before the window fills, slot i is push i: the slots past n are unused.
-        used = np.arange(WINDOW_TICKS)[None, :] < n[:, None]
-        base = _level(code)
-        odd = used & (window != base[:, None])
-        leave = np.flatnonzero(odd.sum(axis=1) <= _ODD)
+        odd[:, :] &= np.arange(WINDOW_TICKS, dtype=np.int16)[None, :] < n[:, None]
+        leave = np.flatnonzero(np.count_nonzero(odd, axis=1) <= _ODD)
         if not len(leave):
             return
         rows, odd, window, n = rows[leave], odd[leave], window[leave], n[leave]
         # Oldest first: a slot's age, in pushes before the last, is (n - 1 - slot) mod WINDOW_TICKS.
-        age = (n[:, None] - 1 - np.arange(WINDOW_TICKS)[None, :]) % WINDOW_TICKS
         r, pos = np.nonzero(odd)
-        order = np.lexsort((-age[r, pos], r))
-        r, pos = r[order], pos[order]
+        age = (n[r] - 1 - pos) % WINDOW_TICKS
+        order = np.lexsort((-age, r))
+        r, pos, age = r[order], pos[order], age[order]
         k = np.arange(len(r)) - np.searchsorted(r, r)  # the k-th odd push of its row
         self.odd[rows[r], k] = (pos << 4) | window[r, pos]
         self.odd_head[rows] = 0
-        self.odd_count[rows] = odd.sum(axis=1)
-        self.odd_clear[rows] = (odd & (age >= CLEAR_TICKS)).sum(axis=1)
+        self.odd_count[rows] = np.bincount(r, minlength=len(rows))
+        self.odd_clear[rows] = np.bincount(r, age >= CLEAR_TICKS, minlength=len(rows))
         self.base[rows] = base[leave]
         self.pool_free.extend(self.ring[rows].tolist())
         self.ring[rows] = -1
