@@ -201,12 +201,13 @@ class Tracks:
         s_seen = ~np.isnan(started_gap)
         s_behind = s_seen & (started_gap >= GAP)
         s_ahead = s_seen & (started_gap <= -GAP)
-        code = np.where(behind, _BEHIND, np.where(ahead, _AHEAD, _LEVEL)) | (
-            np.where(
+        code = (
+            np.where(behind, _BEHIND, np.where(ahead, _AHEAD, _LEVEL))
+            | np.where(
                 s_seen, np.where(s_behind, _S_BEHIND, np.where(s_ahead, _S_AHEAD, _S_LEVEL)), 0
             )
             << 2
-        )
+        ).astype(np.uint8)
         hit = behind | s_behind
         n = self.n[rows]
         full = n >= WINDOW_TICKS
@@ -215,46 +216,54 @@ class Tracks:
         self.base[rows] = base
         ring = self.ring[rows]
         pooled = ring >= 0
-        slot = n % WINDOW_TICKS
+        # Narrow types: a tick's working set is a few dozen arrays of a row
+        # each (int64 here took it from 552 to 945 bytes a rank at 4,096).
+        slot = (n % WINDOW_TICKS).astype(np.int16)
         # The pushes read, of those in the window before this one: the one
         # leaving it (n - WINDOW_TICKS, at this push's slot), the one after
         # it (the window's oldest next), the one leaving the last CLEAR_TICKS
         # and the one before this.
-        head = self.odd_head[rows].astype(np.int64)
-        count = self.odd_count[rows].astype(np.int64)
-        clear = self.odd_clear[rows].astype(np.int64)
+        head = self.odd_head[rows].astype(np.int16)
+        count = self.odd_count[rows].astype(np.int16)
+        clear = self.odd_clear[rows].astype(np.int16)
         first = self._odd_at(rows, head, count, 0)
         out_odd = full & (first >> 4 == slot)
-        out = np.where(out_odd, first & 15, np.where(full, base, 0))
+        out = np.where(out_odd, first & 15, np.where(full, base, 0)).astype(np.uint8)
         after = np.where(out_odd, self._odd_at(rows, head, count, 1), first)
-        oldest = np.where(after >> 4 == (n + 1) % WINDOW_TICKS, after & 15, base)
-        at_clear = self._odd_at(rows, head, count, clear)
-        clear_odd = (n >= CLEAR_TICKS) & (at_clear >> 4 == (n - CLEAR_TICKS) % WINDOW_TICKS)
-        out_clear = np.where(clear_odd, at_clear & 15, np.where(n >= CLEAR_TICKS, base, 0))
-        last = self._odd_at(rows, head, count, count - 1)
-        prev = np.where(last >> 4 == (n - 1) % WINDOW_TICKS, last & 15, base)
+        del first
+        oldest = np.where(after >> 4 == _slot(n + 1), after & 15, base).astype(np.uint8)
+        del after
+        e = self._odd_at(rows, head, count, clear)
+        clear_odd = (n >= CLEAR_TICKS) & (e >> 4 == _slot(n - CLEAR_TICKS))
+        out_clear = np.where(clear_odd, e & 15, np.where(n >= CLEAR_TICKS, base, 0))
+        out_clear = out_clear.astype(np.uint8)
+        e = self._odd_at(rows, head, count, count - 1)
+        prev = np.where(e >> 4 == _slot(n - 1), e & 15, base).astype(np.uint8)
+        del e
         if pooled.any():
             p, pr = np.flatnonzero(pooled), ring[pooled]
             out[p] = np.where(full[p], self._nibble(pr, slot[p]), 0)
-            oldest[p] = self._nibble(pr, (n[p] + 1) % WINDOW_TICKS)
+            oldest[p] = self._nibble(pr, _slot(n[p] + 1))
             out_clear[p] = np.where(
-                n[p] >= CLEAR_TICKS, self._nibble(pr, (n[p] - CLEAR_TICKS) % WINDOW_TICKS), 0
+                n[p] >= CLEAR_TICKS, self._nibble(pr, _slot(n[p] - CLEAR_TICKS)), 0
             )
-            prev[p] = self._nibble(pr, (n[p] - 1) % WINDOW_TICKS)
+            prev[p] = self._nibble(pr, _slot(n[p] - 1))
             self._set_nibble(pr, slot[p], code[p])
         out_hit = _hit(out)
         prev_hit = (n >= 1) & _hit(prev)
         oldest_hit = full & _hit(oldest)
+        del prev, oldest
         # The odd pushes: the leaving one goes, this one comes if odd.
         head = (head + out_odd) % _ODD
         count -= out_odd
-        clear += clear_odd.astype(np.int64) - out_odd
+        clear += clear_odd.astype(np.int16) - out_odd
         odd = ~pooled & (code != base)
         room = odd & (count < _ODD)
         r = np.flatnonzero(room)
-        self.odd[rows[r], (head[r] + count[r]) % _ODD] = (slot[r] << 4) | code[r]
+        self.odd[rows[r], (head[r] + count[r]) % _ODD] = (slot[r].astype(np.uint16) << 4) | code[r]
         count += room
         self.odd_head[rows], self.odd_count[rows], self.odd_clear[rows] = head, count, clear
+        del head, count, clear
         over = np.flatnonzero(odd & ~room)
         if len(over):
             self._to_pool(rows[over], slot[over], code[over], base[over])
@@ -286,10 +295,9 @@ class Tracks:
     ) -> np.ndarray:
         """Each row's `i`-th odd push, oldest first (slot << 4 | code); where it
         has none, slot 4095: no slot of a window."""
-        i = np.broadcast_to(i, count.shape)
         has = (i >= 0) & (i < count)
-        e = self.odd[rows, (head + np.where(has, i, 0)) % _ODD].astype(np.int64)
-        out: np.ndarray = np.where(has, e, 0xFFFF)
+        out: np.ndarray = self.odd[rows, (head + np.where(has, i, 0)) % _ODD]
+        out[~has] = 0xFFFF
         return out
 
     def _to_pool(
@@ -408,7 +416,13 @@ class Tracks:
 
 def _level(code: np.ndarray) -> np.ndarray:
     """The level push on the counters `code` measured."""
-    out: np.ndarray = np.where((code >> 2) != _S_NONE, _S_LEVEL << 2, _LEVEL)
+    out: np.ndarray = np.where((code >> 2) != _S_NONE, np.uint8(_S_LEVEL << 2), np.uint8(_LEVEL))
+    return out
+
+
+def _slot(push: np.ndarray) -> np.ndarray:
+    """The window slot of push number `push` (an int16, as `slot`)."""
+    out: np.ndarray = (push % WINDOW_TICKS).astype(np.int16)
     return out
 
 
