@@ -516,11 +516,17 @@ class FiledColumns(NamedTuple):
         cells, ranks = len(cell_rank) // 2, len(rank) // 4
         c = req.columns
         counts = c.cell_counts
+        enqueued = progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells)
+        started = progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells)
+        if started == enqueued:
+            # Read between collectives the two columns are the same counts:
+            # one copy held for three ticks, not two.
+            started = enqueued
         return cls(
             cell_rank,
             cell_group,
-            progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells),
-            progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells),
+            enqueued,
+            started,
             rank,
             progress_columns.count_column(c.rank_counts, progress_columns.STATUS_AT, ranks),
             req.clock_error_ns,

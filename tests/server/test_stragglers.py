@@ -18,7 +18,14 @@ from hangwatch.server.live.stragglers import (
     KIND_HOST,
     StragglerMonitor,
 )
-from hangwatch.server.live.tracks import CLEAR_TICKS, GAP, WINDOW_TICKS, Tracks, medians_without
+from hangwatch.server.live.tracks import (
+    CLEAR_TICKS,
+    GAP,
+    WINDOW_TICKS,
+    FiledColumns,
+    Tracks,
+    medians_without,
+)
 
 from hangwatch import progress_columns
 from hangwatch.wire import pb
@@ -335,6 +342,31 @@ def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
     (now_filed,) = filed(5)
     assert now_filed == changed.packed_layout != first[0]
     assert now_filed[0] is changed.packed_layout[0]
+
+
+def test_a_report_read_between_collectives_files_one_copy_of_its_counts() -> None:
+    """Filed, a report keeps its enqueued and started columns for three ticks.
+    Where the two are the same counts (read between collectives) it keeps one
+    bytes object for both; where they differ, each keeps its own values."""
+    rd, _, _ = _columns_monitor()
+    r = next(iter(rd.reports(3)))
+    cols = progress_columns.decode(r.columns)
+    cells = len(cols.packed_layout[1]) // 2
+    enq_k, st_k = progress_columns.LAST_ENQUEUED, progress_columns.LAST_STARTED
+    raw = bytearray(r.columns.cell_counts)
+    enqueued = bytes(raw[8 * enq_k * cells : 8 * (enq_k + 1) * cells])
+    started = np.frombuffer(enqueued, "<i8") - np.arange(cells) % 2  # every other one behind
+    raw[8 * st_k * cells : 8 * (st_k + 1) * cells] = started.astype("<i8").tobytes()
+    r.columns.cell_counts = bytes(raw)
+    apart = FiledColumns.of(r, cols.packed_layout)
+    assert apart.enqueued == enqueued and apart.started == started.astype("<i8").tobytes()
+    assert apart.started is not apart.enqueued
+
+    raw[8 * st_k * cells : 8 * (st_k + 1) * cells] = enqueued
+    r.columns.cell_counts = bytes(raw)
+    same = FiledColumns.of(r, cols.packed_layout)
+    assert same.enqueued == same.started == enqueued
+    assert same.started is same.enqueued
 
 
 def test_a_filed_columns_report_is_not_kept_until_its_tick_is_scored() -> None:
