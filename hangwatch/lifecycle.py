@@ -8,11 +8,14 @@
   signal means the operator wants out now: the handler restores the signal's
   default action and re-raises it, so the process dies of that signal
   (exit status 128+N in a shell), even if a shutdown step is stuck.
+* `exit_if_stuck`: once a stop is under way, a bound on the whole of it,
+  interpreter exit included, that leaves every thread's stack behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -65,6 +68,18 @@ class ShutdownSignals:
     def __exit__(self, *exc_info: object) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)  # type: ignore[arg-type]
+
+
+def exit_if_stuck(name: str, bound_s: float) -> None:
+    """Call once the process is stopping: if it has not exited `bound_s`
+    from now, every thread's Python stack goes to stderr and it exits 1.
+    faulthandler's watchdog is a C thread, so it fires wherever the stop is
+    stuck: a join, a loop that did not end, or the interpreter's own exit
+    (waiting on a thread no stop reached). A relay once sat past its test's
+    15 s SIGTERM grace with nothing in its log to say where."""
+    sys.stderr.write(f"{name}: stopping (bound {bound_s:.0f} s)\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback_later(bound_s, exit=True)
 
 
 def subcommand_main(

@@ -46,7 +46,8 @@ every report it took, forwarded or turned away and why, and /healthz and
 
 On start it prints one machine-readable line,
     hangwatch relay: grpc=HOST:PORT http=HOST:PORT coordinator=HOST:PORT
-SIGINT/SIGTERM stop it within `SHUTDOWN_BOUND_S`; a second signal exits at once.
+SIGINT/SIGTERM stop it within `SHUTDOWN_BOUND_S`; a second signal exits at once;
+a stop not done within `EXIT_BOUND_S` prints every thread's stack and exits 1.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from hangwatch.server.relay_http import RelayHttp
 from hangwatch import __version__
 from hangwatch import config as cfg
 from hangwatch.addresses import hostport
-from hangwatch.lifecycle import ShutdownSignals, configure_logging
+from hangwatch.lifecycle import ShutdownSignals, configure_logging, exit_if_stuck
 from hangwatch.tls import channel_credentials, server_credentials
 from hangwatch.wire import (
     MAX_RELAYED_REPORTS,
@@ -93,6 +94,10 @@ MAX_PENDING: Final = 8 * MAX_RELAYED_REPORTS
 # The wait before reconnecting to the coordinator, doubling to the cap.
 RECONNECT_S: Final = (0.2, 5.0)
 SHUTDOWN_BOUND_S: Final = 5.0
+# The whole stop of `hangwatch relay`, exit included: its HTTP port (up to
+# 5 s) and its loop (SHUTDOWN_BOUND_S), and 2 s to exit; past it the
+# process leaves its stacks and exits 1 (lifecycle.exit_if_stuck).
+EXIT_BOUND_S: Final = 12.0
 # The relay's own default ports: one beside a coordinator (7451, 7450) must not clash.
 RELAY_PORT: Final = 7452
 RELAY_HTTP_PORT: Final = 7453
@@ -708,4 +713,7 @@ def run(ns: argparse.Namespace) -> int:
                     return 1
             return 0
         finally:
+            exit_if_stuck("hangwatch relay", EXIT_BOUND_S)
             relay.stop()
+            if relay.alive:
+                log.error("the relay's loop did not end within %.0f s", SHUTDOWN_BOUND_S)

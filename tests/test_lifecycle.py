@@ -53,3 +53,42 @@ def test_second_signal_forces_exit_even_when_shutdown_hangs() -> None:
     assert time.monotonic() - t0 < 10
     assert p.returncode == -signal.SIGTERM  # died of the signal, not a clean exit
     assert "second signal, exiting now" in err
+
+
+_STOPPING = """
+import sys, threading, time
+from hangwatch.lifecycle import exit_if_stuck
+
+def wait_for_ever():
+    threading.Event().wait()
+
+# A thread no stop reaches (not a daemon): the interpreter's exit waits on it.
+if sys.argv[1] == "stuck":
+    threading.Thread(target=wait_for_ever, name="forgotten").start()
+exit_if_stuck("child", float(sys.argv[2]))
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_stuck_past_its_bound_leaves_every_stack_and_exits_1() -> None:
+    """The bound covers the interpreter's own exit: here it waits for ever on
+    a thread nothing stopped, and the watchdog (a C thread) ends it."""
+    p = subprocess.run(
+        [sys.executable, "-c", _STOPPING, "stuck", "1"], capture_output=True, text=True, timeout=20
+    )
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.split() == ["stopped"]
+    assert "child: stopping (bound 1 s)" in p.stderr
+    assert "Timeout (0:00:01)!" in p.stderr  # faulthandler's watchdog fired
+    assert "in wait_for_ever" in p.stderr  # the stuck thread's stack is there
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_within_its_bound_exits_as_it_would_have() -> None:
+    p = subprocess.run(
+        [sys.executable, "-c", _STOPPING, "clean", "10"], capture_output=True, text=True, timeout=20
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["stopped"]
+    assert "Timeout" not in p.stderr and "Thread" not in p.stderr
