@@ -68,8 +68,13 @@ def _kill(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> in
     return proc.wait()
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> int | None:
-    """SIGTERM, then SIGKILL after `grace` seconds; returns the exit code."""
+def _stop(
+    proc: subprocess.Popen[bytes] | None, grace: float = 10.0, log_path: Path | None = None
+) -> int | None:
+    """SIGTERM, then SIGKILL after `grace` seconds; returns the exit code.
+    A process still there at SIGKILL has its stacks appended to `log_path`
+    first (py-spy, from outside: it answers even with the GIL held), so a
+    failed test says where the stop stuck."""
     if proc is None:
         return None
     if proc.poll() is None:
@@ -78,8 +83,22 @@ def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> int | No
         try:
             return proc.wait(grace)
         except subprocess.TimeoutExpired:
-            pass
+            if log_path is not None:
+                _append_stacks(proc.pid, log_path, f"still running {grace:g} s after SIGTERM")
     return _kill(proc)
+
+
+def _append_stacks(pid: int, log_path: Path, why: str) -> None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        out = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        )
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        text = f"py-spy could not dump it: {e!r}\n"
+    with open(log_path, "a", encoding="utf-8") as f:
+        f.write(f"--- the test harness: pid {pid} {why}; its stacks:\n{text}")
 
 
 def rss_bytes(pid: int) -> int:
@@ -118,7 +137,7 @@ class _ChildProc:
         return t
 
     def stop(self, grace: float = 10.0) -> int | None:
-        return _stop(self.proc, grace)
+        return _stop(self.proc, grace, self.log_path)
 
     def log(self) -> str:
         return _tail(self.log_path, 1 << 20)
