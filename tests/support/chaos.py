@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from hangwatch.agent.collector import pyspy_stacks
+
 from hangwatch.config import env_var
 from hangwatch.testing.ports import free_port
 from tests.support.serving import wait_serving
@@ -89,14 +91,10 @@ def _stop(
 
 
 def _append_stacks(pid: int, log_path: Path, why: str) -> None:
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     try:
-        out = subprocess.run(
-            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
-        )
-        text = out.stdout + out.stderr
-    except (OSError, subprocess.TimeoutExpired) as e:
-        text = f"py-spy could not dump it: {e!r}\n"
+        text = pyspy_stacks("py-spy", pid, nonblocking=False)
+    except RuntimeError as e:
+        text = f"py-spy could not dump it: {e}\n"
     with open(log_path, "a", encoding="utf-8") as f:
         f.write(f"--- the test harness: pid {pid} {why}; its stacks:\n{text}")
 
