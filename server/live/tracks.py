@@ -218,7 +218,7 @@ class Tracks:
         pooled = ring >= 0
         # Narrow types: a tick's working set is a few dozen arrays of a row
         # each (int64 here took it from 552 to 945 bytes a rank at 4,096).
-        slot = (n % WINDOW_TICKS).astype(np.int16)
+        slot = _slot(n)
         # The pushes read, of those in the window before this one: the one
         # leaving it (n - WINDOW_TICKS, at this push's slot), the one after
         # it (the window's oldest next), the one leaving the last CLEAR_TICKS
@@ -342,7 +342,7 @@ class Tracks:
         window[:, 0::2], window[:, 1::2] = packed & 15, packed >> 4
         odd = window != base[:, None]
         # Before the window fills, slot i is push i: the slots past n are unused.
-        odd[:, :] &= np.arange(WINDOW_TICKS, dtype=np.int16)[None, :] < n[:, None]
+        odd &= np.arange(WINDOW_TICKS, dtype=np.int16)[None, :] < n[:, None]
         leave = np.flatnonzero(np.count_nonzero(odd, axis=1) <= _ODD)
         if not len(leave):
             return
