@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -24,20 +25,20 @@ EVENT_RING: Final = 256  # recent events kept per job
 
 @dataclass(slots=True)
 class RankRecord:
+    """What the coordinator reads of a rank. RankInfo's local_rank,
+    world_size, torch_version and fr_source and a report's fr_age_s are
+    validated and not kept: nothing read them, and they were 96 bytes a rank
+    (five slots, a world_size int and an age float past the small-int cache)."""
+
     rank: int
     agent_id: str
     host: str
     pid: int
-    local_rank: int
-    world_size: int
     backend: str
-    torch_version: str
-    fr_source: str
     process_state: str = "unknown"
     # Reached Python's exit, its final numbers read (RankProgress.finished):
     # in no collective, and a collective it entered is one it returned from.
     finished: bool = False
-    fr_age_s: float | None = None
     last_report: float | None = None
     # Its numbers for each group it registered: `cell_count` cells of the
     # job's CellTable from `first_cell` on, in registration order.
@@ -103,8 +104,9 @@ class CellPlan:
     rows: tuple[RankRecord, ...]
     # Per cell, its index in the job's CellTable and the job's group record;
     # -1 and None for a group the rank never registered (its numbers are not
-    # applied). Indices in an array: 8 bytes a cell, not an int object each.
-    cells: array[int]
+    # applied). Indices in an array: 8 bytes a cell, not an int object each;
+    # a run's as a range.
+    cells: Sequence[int]
     groups: tuple[GroupRecord | None, ...]
     # cells[0] when the cells are one contiguous ascending run (an agent's
     # ranks registered together, reported in the order they registered):

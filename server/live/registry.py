@@ -59,11 +59,11 @@ MAX_JOBS: Final = 1024
 HANDLED_STALLS: Final = 4096  # (group, seq) pairs remembered per job for dedupe
 
 
-def _run(cells: array[int]) -> int:
+def _run(cells: list[int]) -> int:
     """cells[0] when `cells` are consecutive indices, all known; else -1."""
     if not cells or cells[0] < 0:
         return -1
-    return cells[0] if cells == array("q", range(cells[0], cells[0] + len(cells))) else -1
+    return cells[0] if cells == list(range(cells[0], cells[0] + len(cells))) else -1
 
 
 class StaleSession(Exception):
@@ -276,11 +276,7 @@ class JobRegistry:
             agent_id=agent.agent_id,
             host=agent.host,
             pid=ri.pid,
-            local_rank=ri.local_rank,
-            world_size=ri.world_size,
             backend=sys.intern(ri.backend),
-            torch_version=sys.intern(ri.torch_version),
-            fr_source=sys.intern(ri.fr_source),
         )
         if ri.world_size > 0:
             job.world_size = max(job.world_size or 0, ri.world_size)
@@ -297,8 +293,14 @@ class JobRegistry:
                     sent_as = ranks  # sent as its members, ascending: one array
                 if g is None or g.ranks != ranks or g.desc != gi.desc:
                     # A re-created group (or a fuller view of it) starts its clock again.
+                    # A job's group descriptions are a few ("tp", "dp", "undefined"):
+                    # one str each, not ~55 bytes a group.
                     g = job.groups[gi.name] = GroupRecord(
-                        name=gi.name, desc=gi.desc, ranks=ranks, last_progress=now, sent_as=sent_as
+                        name=gi.name,
+                        desc=sys.intern(gi.desc),
+                        ranks=ranks,
+                        last_progress=now,
+                        sent_as=sent_as,
                     )
                 else:
                     g.sent_as = sent_as
@@ -365,7 +367,6 @@ class JobRegistry:
                     now,
                     rp.state,
                     rp.finished,
-                    rp.fr_age_s,
                     demand,
                     rp.in_compile,
                     rp.compiler_running,
@@ -390,7 +391,6 @@ class JobRegistry:
         now: float,
         state: int,
         finished: bool,
-        fr_age_s: float,
         demand: int,
         in_compile: bool,
         compiler_running: bool = False,
@@ -398,7 +398,6 @@ class JobRegistry:
     ) -> None:
         r.process_state = process_state_name(state)
         r.finished = finished
-        r.fr_age_s = fr_age_s
         r.last_report = now
         # Time waiting for a CPU is demand for one (RankProgress.runqueue_wait_ns).
         rates.cpu.note(r.rate_slot, now, demand, self.stall_timeout, zero_known=False)
@@ -411,11 +410,10 @@ class JobRegistry:
     ) -> bool:
         """The columnar form: the same steps as `ranks`, over unpacked tuples
         (`plan` the records they resolved to)."""
-        for r, state, flags, age, cpu, wait, io in zip(
+        for r, state, flags, cpu, wait, io in zip(
             plan.rows,
             c.state,
             c.rank_flags,
-            c.fr_age_s,
             c.cpu_time_ns,
             c.runqueue_wait_ns,
             c.io_bytes,
@@ -427,7 +425,6 @@ class JobRegistry:
                 now,
                 state,
                 bool(flags & progress_columns.FINISHED),
-                age,
                 cpu + wait if cpu else 0,
                 bool(flags & progress_columns.IN_COMPILE),
                 bool(flags & progress_columns.COMPILER_RUNNING),
@@ -453,7 +450,7 @@ class JobRegistry:
                 f" {len(table)} groups"
             )
         rows = tuple(self._reported_rank(job, agent, rank) for rank in c.rank)
-        cells = array("q")
+        cells: list[int] = []
         groups: list[GroupRecord | None] = []
         t = job.cells
         gids = [t.known_group(name) for name in table]
@@ -465,13 +462,16 @@ class JobRegistry:
             known = k >= 0 and g is not None
             cells.append(k if known else -1)
             groups.append(g if known else None)
+        run = _run(cells)
         p = agent.plan = CellPlan(
             layout=job.layout,
             packed_layout=c.packed_layout,
             rows=rows,
-            cells=cells,
+            # A run (the usual plan) as a range: 48 bytes, where an array of
+            # its cells was 37 bytes a rank (benchmarks/ingest_path.py).
+            cells=range(run, run + len(cells)) if run >= 0 else array("q", cells),
             groups=tuple(groups),
-            run=_run(cells),
+            run=run,
         )
         return p
 

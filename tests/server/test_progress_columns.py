@@ -240,7 +240,6 @@ def _records(reg: JobRegistry) -> dict[int, tuple[object, ...]]:
         rank: (
             r.process_state,
             r.finished,
-            r.fr_age_s,
             r.last_report,
             [getattr(job.rates.cpu, f)[r.rate_slot] for f in RateColumns.__slots__],
             [getattr(job.rates.io, f)[r.rate_slot] for f in RateColumns.__slots__],
