@@ -118,12 +118,12 @@ class Tracks:
         self.n_rows = 0
         c = _FIRST_CELLS
         self.gid = np.zeros(c, np.int32)
-        self.rank = np.zeros(c, np.int64)
+        self.rank = np.zeros(c, np.int32)  # ranks are < MAX_WORLD_SIZE (2**20)
         self.last_tick = np.zeros(c, np.int64)  # _FILLS: set as rows are added
         self.last_enq = np.zeros(c, np.int64)
         self.last_started = np.zeros(c, np.int64)
         self.last_err = np.zeros(c, np.int64)
-        self.n = np.zeros(c, np.int64)  # pushes so far
+        self.n = np.zeros(c, np.int32)  # pushes so far: one a second, 68 years to overflow
         self.cusum = np.zeros(c, np.float64)
         self.late_s = np.zeros(c, np.float64)  # exponential mean over ~LATE_TICKS
         self.err_s = np.zeros(c, np.float64)  # its agent's latest clock error bound
@@ -149,7 +149,7 @@ class Tracks:
         self.pool_used = 0
         # Lookup: keys (gid << 32 | rank) sorted, and the row of each.
         self.keys = np.zeros(0, np.int64)
-        self.rows = np.zeros(0, np.int64)
+        self.rows = np.zeros(0, np.int32)
 
     _FILLS: Final = {"last_tick": _NO_TICK, "flagged_at": np.nan, "ring": -1}
     _NOT_ROWS: Final = ("keys", "rows", "pool")
@@ -183,7 +183,7 @@ class Tracks:
         self.rank[start:end] = keys & 0xFFFFFFFF
         self.n_rows = end
         all_keys = np.concatenate([self.keys, keys])
-        rows = np.concatenate([self.rows, np.arange(start, end, dtype=np.int64)])
+        rows = np.concatenate([self.rows, np.arange(start, end, dtype=np.int32)])
         order = np.argsort(all_keys, kind="stable")
         self.keys, self.rows = all_keys[order], rows[order]
 
