@@ -33,6 +33,7 @@ import logging
 import math
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,12 +140,42 @@ class JobStragglers:
         )
 
 
+class RankHosts:
+    """Each rank's host, for naming a straggler's node: an index a rank into
+    the job's distinct host names. A dict of rank to host was ~100 bytes a
+    rank (its entry and an int key past 256); this is 4, the array growing to
+    the highest rank registered (at most MAX_WORLD_SIZE, 4 MiB)."""
+
+    __slots__ = ("_ids", "_names", "_of")
+
+    def __init__(self) -> None:
+        self._of = array("i")
+        self._names: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def set(self, ranks: list[int], host: str) -> None:
+        i = self._ids.get(host)
+        if i is None:
+            i = self._ids[host] = len(self._names)
+            self._names.append(host)
+        top = max(ranks, default=-1)
+        if top >= len(self._of):
+            self._of.extend(array("i", [-1]) * (top + 1 - len(self._of)))
+        for r in ranks:
+            self._of[r] = i
+
+    def get(self, rank: int) -> str:
+        """Its host; "" for a rank no agent registered."""
+        i = self._of[rank] if 0 <= rank < len(self._of) else -1
+        return self._names[i] if i >= 0 else ""
+
+
 @dataclass
 class _Job:
     groups: GroupHistory = field(default_factory=GroupHistory)
     cells: Tracks = field(default_factory=Tracks)
     pending: dict[int, TickReadings] = field(default_factory=dict)
-    hosts: dict[int, str] = field(default_factory=dict)
+    hosts: RankHosts = field(default_factory=RankHosts)
     group_tables: dict[str, np.ndarray] = field(default_factory=dict)  # agent -> gid per index
     # Agent -> the rank, cell_rank and cell_group bytes of its newest filed
     # report. An agent sends the same ones report after report, and a report
@@ -200,9 +231,7 @@ class StragglerMonitor:
     def register(self, req: pb.RegisterRequest) -> None:
         with self._lock:
             job = self._job(req.job_id)
-            host = req.host  # one str for the node's ranks, not one a rank
-            for ri in req.ranks:
-                job.hosts[ri.rank] = host
+            job.hosts.set([ri.rank for ri in req.ranks], req.host)
             # ProgressColumns.cell_group indexes the agent's newest session's table.
             table = progress_columns.group_table(req.ranks)
             job.group_tables[req.agent_id] = np.array(
@@ -507,7 +536,7 @@ class StragglerMonitor:
         rank = int(cells.rank[row])
         return Straggler(
             rank=rank,
-            host=job.hosts.get(rank, ""),
+            host=job.hosts.get(rank),
             score=max(score, 0.0 if math.isnan(started) else started),
             late_ms=max(0.0, float(cells.late_s[row]) * 1e3),
             since=float(cells.flagged_at[row]),
@@ -539,7 +568,7 @@ class StragglerMonitor:
             ranks = [
                 RankLateness(
                     rank=int(cells.rank[row]),
-                    host=job.hosts.get(int(cells.rank[row]), ""),
+                    host=job.hosts.get(int(cells.rank[row])),
                     score=float(b_scores[i]),
                     late_ms=max(0.0, float(b_late[i]) * 1e3),
                     group=names[cells.gid[row]],

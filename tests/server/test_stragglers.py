@@ -16,6 +16,7 @@ import pytest
 from hangwatch.server.live.stragglers import (
     KIND_DEVICE,
     KIND_HOST,
+    RankHosts,
     StragglerMonitor,
 )
 from hangwatch.server.live.tracks import (
@@ -386,3 +387,17 @@ def test_a_filed_columns_report_is_not_kept_until_its_tick_is_scored() -> None:
     del r  # the loop's own reference
     assert monitor.score_ready() == 0  # filed, not yet scored: its tick is still open
     assert [sys.getrefcount(r) for r in held] == before
+
+
+@pytest.mark.timeout(10)
+def test_rank_hosts_follow_a_rank_that_moves_and_know_none_they_were_not_told() -> None:
+    hosts = RankHosts()
+    hosts.set([8, 9, 10, 11], "node-1")
+    hosts.set([0, 1], "node-0")
+    assert [hosts.get(r) for r in (0, 1, 8, 11)] == ["node-0", "node-0", "node-1", "node-1"]
+    # A gap between agents' ranks, past the highest, and a negative rank: no host.
+    assert [hosts.get(r) for r in (2, 7, 12, 10**6, -1)] == ["", "", "", "", ""]
+    hosts.set([9], "node-2")  # re-registered by another node's agent
+    assert (hosts.get(8), hosts.get(9)) == ("node-1", "node-2")
+    hosts.set([], "node-3")
+    assert hosts.get(0) == "node-0"
