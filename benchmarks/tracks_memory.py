@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 ROUND = """
-import json, sys
+import json, statistics, sys, time
 import numpy as np
 sys.path.insert(0, {repo!r})
 from hangwatch.server.live.tracks import Tracks
@@ -46,7 +46,10 @@ for first in range(0, ranks, batch):
     gid = np.tile(np.arange(groups), len(rank) // groups)
     t.find(gid.astype(np.int32), rank.astype(np.int64))
 registered = rss_kb()
-rows = np.arange(t.n_rows)
+# The rows as the scorer has them: looked up by (group, rank).
+rows = t.find(
+    np.tile(np.arange(groups), ranks).astype(np.int32), np.repeat(np.arange(ranks), groups)
+)
 zero = np.zeros(t.n_rows)
 
 
@@ -54,8 +57,16 @@ def noise() -> np.ndarray:
     return np.where(rng.random(t.n_rows) < share, rng.choice([-1.0, 1.0], t.n_rows), 0.0)
 
 
+push_s, column_s = [], []
 for _ in range(pushes):
-    t.push(rows, noise(), zero, noise(), np.zeros(t.n_rows, np.int64))
+    gap, started, err = noise(), noise(), np.zeros(t.n_rows, np.int64)
+    t0 = time.perf_counter()
+    t.push(rows, gap, zero, started, err)
+    t1 = time.perf_counter()
+    # The anchor: one float column read and written through the same rows.
+    t.late_s[rows] = t.late_s[rows] + 0.0
+    column_s.append(time.perf_counter() - t1)
+    push_s.append(t1 - t0)
 pushed = rss_kb()
 not_rows = getattr(t, "_NOT_ROWS", ("keys", "rows"))
 pool = getattr(t, "pool", None)
@@ -68,6 +79,7 @@ print(json.dumps({{
     "rows": t.n_rows, "capacity": len(t.gid), "row_bytes": row_bytes,
     "pooled": getattr(t, "pool_used", 0), "pool_row_bytes": 0 if pool is None else pool.shape[1],
     "registered_kb": registered - before, "pushed_kb": pushed - before,
+    "push_ms": statistics.median(push_s) * 1e3, "column_ms": statistics.median(column_s) * 1e3,
 }}))
 """
 
@@ -117,6 +129,8 @@ def main() -> None:
         "registered_ratio": round(reg / anchor_kb, 2),
         "pushed_ratio": round(pushed / anchor_kb, 2),
         "pushed_kb_per_rank_each": [round(r["pushed_kb"] / args.ranks, 3) for r in runs],
+        "push_ms": round(statistics.median(r["push_ms"] for r in runs), 3),
+        "push_x_column": round(statistics.median(r["push_ms"] / r["column_ms"] for r in runs), 1),
     }
     if args.json:
         print(json.dumps(out))
@@ -134,6 +148,10 @@ def main() -> None:
     print(
         f"  RSS, after {args.pushes} pushes         {out['pushed_kb_per_rank']:.2f} KB a rank "
         f"({out['pushed_ratio']:.2f}x)  each round: {out['pushed_kb_per_rank_each']}"
+    )
+    print(
+        f"  a push of every row          {out['push_ms']:.2f} ms "
+        f"({out['push_x_column']:.1f}x one column read and written)"
     )
 
 
