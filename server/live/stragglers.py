@@ -44,7 +44,6 @@ from hangwatch.server.live.tracks import (
     CUSUM_H,
     NOT_THIS_TICK,
     WINDOW_TICKS,
-    FiledColumns,
     GroupHistory,
     TickReadings,
     Tracks,
@@ -266,19 +265,18 @@ class StragglerMonitor:
             if tick is not None:
                 if tick > job.scored_through:
                     base = self._near.at - offset  # the tick's instant on the agent's clock
-                    self._pending(job, tick).add(table, base, FiledColumns.of(req, layout), None)
+                    self._pending(job, tick).add(table, base, req, layout)
                 return
             near = pollgrid.NearestTick(self.tick_ns)
             ticks = [
                 self._tick(job, near, at, state, offset, now)
                 for at, state in zip(c.status_at_ns, c.state, strict=True)
             ]
-            filed = FiledColumns.of(req, layout)
             for tick in set(ticks):
                 if tick is not None:
                     at = [a if t == tick else 0 for a, t in zip(c.status_at_ns, ticks, strict=True)]
                     base = pollgrid.instant_ns(tick, self.tick_ns) - offset
-                    self._pending(job, tick).add(table, base, filed, at)
+                    self._pending(job, tick).add(table, base, req, layout, at)
 
     def _one_tick(
         self, job: _Job, c: progress_columns.Columns, offset: int, now: int

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import mmap
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import numpy as np
 
@@ -494,70 +495,76 @@ class GroupHistory:
 NOT_THIS_TICK: Final = 1 << 62
 
 
-class FiledColumns(NamedTuple):
-    """What scoring reads of a columns report, copied out of it when it is
-    filed. The report itself is a part of its relay's ProgressBatch, and a
-    part keeps the whole batch's parse alive (protobuf's arena, C memory
-    that tracemalloc does not see): held until its tick was scored, three
-    ticks of every agent's reports whole, fields scoring never reads
-    included. These columns are about a third of a report's bytes."""
-
-    cell_rank: bytes  # C x uint16, as ProgressColumns.cell_rank
-    cell_group: bytes  # C x uint32
-    enqueued: bytes  # C x int64: cell_counts' last_enqueued column
-    started: bytes  # C x int64: its last_started column
-    rank: bytes  # R x int32
-    status_at: bytes  # R x int64: rank_counts' status_at_ns column
-    clock_error_ns: int
-
-    @classmethod
-    def of(cls, req: pb.ProgressReport, layout: tuple[bytes, bytes, bytes]) -> FiledColumns:
-        """From a report whose columns were checked (progress_columns.decode),
-        `layout` its rank, cell_rank and cell_group bytes as decode read them
-        (`Columns.packed_layout`), or equal bytes the caller already holds."""
-        rank, cell_rank, cell_group = layout
-        cells, ranks = len(cell_rank) // 2, len(rank) // 4
-        c = req.columns
-        counts = c.cell_counts
-        enqueued = progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells)
-        started = progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells)
-        if started == enqueued:
-            # Read between collectives the two columns are the same counts:
-            # one copy held for three ticks, not two.
-            started = enqueued
-        return cls(
-            cell_rank,
-            cell_group,
-            enqueued,
-            started,
-            rank,
-            progress_columns.count_column(c.rank_counts, progress_columns.STATUS_AT, ranks),
-            req.clock_error_ns,
-        )
-
-
 @dataclass
 class TickReadings:
-    """One tick's readings as they arrived, left as the reports carried them:
-    a report is filed in a few µs, and all of a tick's are unpacked together
-    by the scorer (numpy's cost per call is per report otherwise: 41 µs a
-    rank report measured, against 11 for the Python objects it replaced)."""
+    """One tick's readings as they arrived: a report is filed in a few µs,
+    and all of a tick's are unpacked together by the scorer (numpy's cost per
+    call is per report otherwise: 41 µs a rank report measured, against 11
+    for the Python objects it replaced).
+
+    A columns report is filed as what scoring reads of it, copied out (the
+    report is a part of its relay's ProgressBatch, and a part keeps the whole
+    batch's parse alive, protobuf's arena that tracemalloc does not see),
+    onto the tick's own columns: its counts appended to one buffer, its few
+    numbers to arrays, its agent's layout and group table by reference. Held
+    three ticks, a tuple and bytes objects a report were ~50 bytes a rank
+    and tick beyond the counts themselves (benchmarks/ingest_path.py)."""
 
     seq: int = 0  # arrival order: a (group, rank) given twice, the later stands
-    # Columns reports: (seq, the agent's group table as gids, the tick's
-    # instant on the agent's clock, the columns scoring reads, and where not
-    # all its ranks were read at this tick, each rank's status_at_ns with 0
-    # for those that were not).
-    columns: list[tuple[int, np.ndarray, int, FiledColumns, list[int] | None]] = field(
-        default_factory=list
-    )
+    # Per columns report: its seq, the tick's instant on its agent's clock,
+    # its clock error bound, whether its started counts were its enqueued
+    # ones (read between collectives: not stored twice), its agent's group
+    # table as gids, and its rank, cell_rank and cell_group bytes
+    # (Columns.packed_layout: the same objects report after report).
+    c_seq: array[int] = field(default_factory=lambda: array("q"))
+    c_base: array[int] = field(default_factory=lambda: array("q"))
+    c_err: array[int] = field(default_factory=lambda: array("q"))
+    c_same: array[int] = field(default_factory=lambda: array("B"))
+    c_tables: list[np.ndarray] = field(default_factory=list)
+    c_layouts: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
+    # Their cells' last_enqueued and (where not the same) last_started, and
+    # their ranks' status_at_ns, int64, report after report.
+    c_enqueued: bytearray = field(default_factory=bytearray)
+    c_started: bytearray = field(default_factory=bytearray)
+    c_status_at: bytearray = field(default_factory=bytearray)
+    # Report index -> each rank's status_at_ns, 0 for those not read at this
+    # tick: where a report's ranks were read at more than one.
+    c_only: dict[int, list[int]] = field(default_factory=dict)
     # Per-rank reports: seq, gid, rank, instant less the tick's, enqueued, started, error.
     messages: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
 
     def add(
-        self, table: np.ndarray, base: int, filed: FiledColumns, status_at: list[int] | None
+        self,
+        table: np.ndarray,
+        base: int,
+        req: pb.ProgressReport,
+        layout: tuple[bytes, bytes, bytes],
+        status_at: list[int] | None = None,
     ) -> None:
-        self.columns.append((self.seq, table, base, filed, status_at))
+        """A report whose columns were checked (progress_columns.decode),
+        `layout` its rank, cell_rank and cell_group bytes as decode read them
+        (`Columns.packed_layout`), or equal bytes the caller already holds."""
+        cells, ranks = len(layout[1]) // 2, len(layout[0]) // 4
+        c = req.columns
+        enqueued = progress_columns.count_column(
+            c.cell_counts, progress_columns.LAST_ENQUEUED, cells
+        )
+        started = progress_columns.count_column(c.cell_counts, progress_columns.LAST_STARTED, cells)
+        same = started == enqueued
+        if status_at is not None:
+            self.c_only[len(self.c_seq)] = status_at
+        self.c_seq.append(self.seq)
+        self.c_base.append(base)
+        self.c_err.append(req.clock_error_ns)
+        self.c_same.append(same)
+        self.c_tables.append(table)
+        self.c_layouts.append(layout)
+        self.c_enqueued += enqueued
+        if not same:
+            self.c_started += started
+        self.c_status_at += progress_columns.count_column(
+            c.rank_counts, progress_columns.STATUS_AT, ranks
+        )
         self.seq += 1
 
     def add_message(
@@ -569,7 +576,7 @@ class TickReadings:
 
     def readings(self) -> tuple[np.ndarray, ...]:
         """(seq, gid, rank, at, enqueued, started, err) of every reading, as arrays."""
-        parts = [self._from_columns()] if self.columns else []
+        parts = [self._from_columns()] if self.c_seq else []
         if self.messages:
             parts.append(tuple(np.array(col, np.int64) for col in zip(*self.messages, strict=True)))
         if not parts:
@@ -577,34 +584,38 @@ class TickReadings:
         return tuple(np.concatenate(col) for col in zip(*parts, strict=True))
 
     def _from_columns(self) -> tuple[np.ndarray, ...]:
-        chunks = self.columns
-        cols = [ch[3] for ch in chunks]
-        n_cells = np.array([len(c.cell_rank) // 2 for c in cols], np.int64)
-        n_ranks = np.array([len(c.rank) // 4 for c in cols], np.int64)
-        n_groups = np.array([len(ch[1]) for ch in chunks], np.int64)
+        layouts, tables = self.c_layouts, self.c_tables
+        n_cells = np.array([len(lay[1]) // 2 for lay in layouts], np.int64)
+        n_ranks = np.array([len(lay[0]) // 4 for lay in layouts], np.int64)
+        n_groups = np.array([len(t) for t in tables], np.int64)
         first_rank = np.cumsum(n_ranks) - n_ranks
         # Each cell's rank, as an index into all the reports' ranks.
-        rank_i = np.frombuffer(b"".join(c.cell_rank for c in cols), "<u2").astype(np.int64)
+        rank_i = np.frombuffer(b"".join(lay[1] for lay in layouts), "<u2").astype(np.int64)
         rank_i += np.repeat(first_rank, n_cells)
-        group_i = np.frombuffer(b"".join(c.cell_group for c in cols), "<u4").astype(np.int64)
+        group_i = np.frombuffer(b"".join(lay[2] for lay in layouts), "<u4").astype(np.int64)
         known = group_i < np.repeat(n_groups, n_cells)
         group_i = np.where(known, group_i, 0) + np.repeat(np.cumsum(n_groups) - n_groups, n_cells)
-        tables = np.concatenate([ch[1] for ch in chunks] + [np.zeros(1, np.int64)])
-        ranks = np.frombuffer(b"".join(c.rank for c in cols), "<i4").astype(np.int64)
-        at = np.frombuffer(b"".join(c.status_at for c in cols), "<i8").copy()
-        for k, ch in enumerate(chunks):
-            if ch[4] is not None:  # some of its ranks belong to another tick
-                at[first_rank[k] : first_rank[k] + n_ranks[k]] = ch[4]
-        instant = np.repeat(np.array([ch[2] for ch in chunks], np.int64), n_ranks)
+        table = np.concatenate([*tables, np.zeros(1, np.int64)])
+        ranks = np.frombuffer(b"".join(lay[0] for lay in layouts), "<i4").astype(np.int64)
+        at = np.frombuffer(self.c_status_at, "<i8").copy()
+        for k, only in self.c_only.items():  # some of its ranks belong to another tick
+            at[first_rank[k] : first_rank[k] + n_ranks[k]] = only
+        instant = np.repeat(np.frombuffer(self.c_base, np.int64), n_ranks)
         at = np.where(at != 0, at - instant, NOT_THIS_TICK)
+        enqueued = np.frombuffer(self.c_enqueued, "<i8")
+        started = enqueued
+        if self.c_started:
+            started = enqueued.copy()
+            differ = np.repeat(np.frombuffer(self.c_same, np.uint8) == 0, n_cells)
+            started[differ] = np.frombuffer(self.c_started, "<i8")
         return (
-            np.repeat(np.array([ch[0] for ch in chunks], np.int64), n_cells),
-            np.where(known, tables[group_i], -1),
+            np.repeat(np.frombuffer(self.c_seq, np.int64), n_cells),
+            np.where(known, table[group_i], -1),
             ranks[rank_i],
             at[rank_i],
-            np.frombuffer(b"".join(c.enqueued for c in cols), "<i8"),
-            np.frombuffer(b"".join(c.started for c in cols), "<i8"),
-            np.repeat(np.array([c.clock_error_ns for c in cols], np.int64), n_cells),
+            enqueued,
+            started,
+            np.repeat(np.frombuffer(self.c_err, np.int64), n_cells),
         )
 
 

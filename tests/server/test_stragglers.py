@@ -23,7 +23,7 @@ from hangwatch.server.live.tracks import (
     CLEAR_TICKS,
     GAP,
     WINDOW_TICKS,
-    FiledColumns,
+    TickReadings,
     Tracks,
     medians_without,
 )
@@ -319,8 +319,7 @@ def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
     rd, now, monitor = _columns_monitor()
 
     def filed(tick: int) -> list[tuple[bytes, bytes, bytes]]:
-        pending = monitor._jobs[rd.job_id].pending[tick].columns
-        return [(f.rank, f.cell_rank, f.cell_group) for _, _, _, f, _ in pending]
+        return monitor._jobs[rd.job_id].pending[tick].c_layouts
 
     for tick in (3, 4):
         now[0] = int(tick * rd.tick_s * 1e9)
@@ -347,8 +346,9 @@ def test_an_agents_filed_reports_share_one_copy_of_its_layout() -> None:
 
 def test_a_report_read_between_collectives_files_one_copy_of_its_counts() -> None:
     """Filed, a report keeps its enqueued and started columns for three ticks.
-    Where the two are the same counts (read between collectives) it keeps one
-    bytes object for both; where they differ, each keeps its own values."""
+    Where the two are the same counts (read between collectives) only one is
+    stored; where they differ, each is read back as its own values, in the
+    order the reports came, whichever kind came first."""
     rd, _, _ = _columns_monitor()
     r = next(iter(rd.reports(3)))
     cols = progress_columns.decode(r.columns)
@@ -357,17 +357,29 @@ def test_a_report_read_between_collectives_files_one_copy_of_its_counts() -> Non
     raw = bytearray(r.columns.cell_counts)
     enqueued = bytes(raw[8 * enq_k * cells : 8 * (enq_k + 1) * cells])
     started = np.frombuffer(enqueued, "<i8") - np.arange(cells) % 2  # every other one behind
-    raw[8 * st_k * cells : 8 * (st_k + 1) * cells] = started.astype("<i8").tobytes()
-    r.columns.cell_counts = bytes(raw)
-    apart = FiledColumns.of(r, cols.packed_layout)
-    assert apart.enqueued == enqueued and apart.started == started.astype("<i8").tobytes()
-    assert apart.started is not apart.enqueued
-
     raw[8 * st_k * cells : 8 * (st_k + 1) * cells] = enqueued
-    r.columns.cell_counts = bytes(raw)
-    same = FiledColumns.of(r, cols.packed_layout)
-    assert same.enqueued == same.started == enqueued
-    assert same.started is same.enqueued
+    same = pb.ProgressReport()
+    same.CopyFrom(r)
+    same.columns.cell_counts = bytes(raw)
+    raw[8 * st_k * cells : 8 * (st_k + 1) * cells] = started.astype("<i8").tobytes()
+    apart = pb.ProgressReport()
+    apart.CopyFrom(r)
+    apart.columns.cell_counts = bytes(raw)
+
+    tick = TickReadings()
+    table = np.arange(8, dtype=np.int64)
+    for report in (same, apart, same):
+        tick.add(table, 0, report, cols.packed_layout)
+    assert len(tick.c_enqueued) == 3 * 8 * cells
+    assert len(tick.c_started) == 8 * cells  # the one report whose started differs
+    _, _, _, _, enq_read, started_read, _ = tick.readings()
+    want_enq = np.frombuffer(enqueued * 3, "<i8")
+    assert enq_read.tolist() == want_enq.tolist()
+    assert started_read.tolist() == [
+        *want_enq[:cells].tolist(),
+        *started.tolist(),
+        *want_enq[:cells].tolist(),
+    ]
 
 
 def test_a_filed_columns_report_is_not_kept_until_its_tick_is_scored() -> None:
