@@ -294,7 +294,7 @@ class JobRegistry:
                 if g is None or g.ranks != ranks or g.desc != gi.desc:
                     # A re-created group (or a fuller view of it) starts its clock again.
                     # A job's group descriptions are a few ("tp", "dp", "undefined"):
-                    # one str each, not ~55 bytes a group.
+                    # one str each, not ~60 bytes a group.
                     g = job.groups[gi.name] = GroupRecord(
                         name=gi.name,
                         desc=sys.intern(gi.desc),
