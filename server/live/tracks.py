@@ -506,9 +506,9 @@ class TickReadings:
     report is a part of its relay's ProgressBatch, and a part keeps the whole
     batch's parse alive, protobuf's arena that tracemalloc does not see),
     onto the tick's own columns: its counts appended to one buffer, its few
-    numbers to arrays, its agent's layout and group table by reference. Held
-    three ticks, a tuple and bytes objects a report were ~50 bytes a rank
-    and tick beyond the counts themselves (benchmarks/ingest_path.py)."""
+    numbers to arrays, its agent's layout and group table by reference. As a
+    tuple and bytes objects a report, three ticks of filed reports were 298
+    bytes a rank at 4,096 ranks; so, 211 (benchmarks/ingest_path.py)."""
 
     seq: int = 0  # arrival order: a (group, rank) given twice, the later stands
     # Per columns report: its seq, the tick's instant on its agent's clock,
