@@ -3,7 +3,8 @@
 * `configure_logging`: the one logging setup of every hangwatch process.
 * `subcommand_main`: a subcommand run as its own module (`python -m
   hangwatch.runner`), through the same parser as `hangwatch <command>`.
-* `ShutdownSignals`: SIGINT/SIGTERM handlers that only set a flag; the
+* `ShutdownSignals`: SIGINT/SIGTERM handlers that only flag the stop (a
+  byte to a thread that sets the Event: no lock taken inside a handler); the
   process's own loop notices it and shuts down within its bound. A second
   signal means the operator wants out now: the handler restores the signal's
   default action and re-raises it, so the process dies of that signal
@@ -44,23 +45,48 @@ class ShutdownSignals:
 
     Must be entered on the main thread (Python delivers signals only there).
     The previous handlers come back on exit.
+
+    The handler does not set `stop` itself. It runs on the main thread between
+    two bytecodes, and that thread spends part of every `stop.wait(1.0)`
+    holding the Event's own lock (a plain Lock): a handler that ran there and
+    called `stop.set()` would wait on that lock for ever, the process deaf to
+    the signal and every later one until SIGKILL. (A relay did, once, in a
+    test run: 15 s past SIGTERM, nothing in its log.) It writes a byte to a
+    pipe instead, and a thread of this object's sets the Event.
     """
 
     def __init__(self, name: str, stop: threading.Event | None = None) -> None:
         self.name = name
         self.stop = stop if stop is not None else threading.Event()
         self._previous: dict[int, object] = {}
+        self._signalled = False
+        self._pipe: tuple[int, int] | None = None
+        self._watcher: threading.Thread | None = None
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.stop.is_set():
+        # Reads and writes of plain attributes and os calls only: no lock.
+        if self._signalled or self.stop.is_set():
             # os.write: no buffered I/O inside a signal handler.
             os.write(2, f"{self.name}: second signal, exiting now\n".encode())
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        self.stop.set()
+        self._signalled = True
+        if self._pipe is not None:
+            os.write(self._pipe[1], b"s")
+
+    def _watch(self, r: int) -> None:
+        # One byte per first signal; b"" once __exit__ closed the write end.
+        while os.read(r, 1):
+            self.stop.set()
 
     def __enter__(self) -> threading.Event:
+        r, w = os.pipe()
+        self._pipe = (r, w)
+        self._watcher = threading.Thread(
+            target=self._watch, args=(r,), name=f"{self.name} signals", daemon=True
+        )
+        self._watcher.start()
         for s in _SIGNALS:
             self._previous[s] = signal.signal(s, self._handle)
         return self.stop
@@ -68,6 +94,15 @@ class ShutdownSignals:
     def __exit__(self, *exc_info: object) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)  # type: ignore[arg-type]
+        if self._pipe is not None:
+            r, w = self._pipe
+            self._pipe = None
+            os.close(w)
+            if self._watcher is not None:
+                # Bounded: a child forked meanwhile may hold the write end open.
+                self._watcher.join(1.0)
+            if self._watcher is None or not self._watcher.is_alive():
+                os.close(r)
 
 
 def exit_if_stuck(name: str, bound_s: float) -> None:
@@ -76,7 +111,9 @@ def exit_if_stuck(name: str, bound_s: float) -> None:
     faulthandler's watchdog is a C thread, so it fires wherever the stop is
     stuck: a join, a loop that did not end, or the interpreter's own exit
     (waiting on a thread no stop reached). A relay once sat past its test's
-    15 s SIGTERM grace with nothing in its log to say where."""
+    15 s SIGTERM grace with nothing in its log to say where (the likeliest
+    cause, a handler waiting on a lock its own thread held, is mended in
+    ShutdownSignals; this bounds whatever else)."""
     sys.stderr.write(f"{name}: stopping (bound {bound_s:.0f} s)\n")
     sys.stderr.flush()
     faulthandler.dump_traceback_later(bound_s, exit=True)

@@ -55,6 +55,31 @@ def test_second_signal_forces_exit_even_when_shutdown_hangs() -> None:
     assert "second signal, exiting now" in err
 
 
+_HELD = """
+import os, signal
+from hangwatch.lifecycle import ShutdownSignals
+with ShutdownSignals("child") as stop:
+    # Where the main thread sits for part of every stop.wait(1.0): inside the
+    # Event's own lock. The signal's handler runs at one of these bytecodes.
+    with stop._cond:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):
+            pass
+    print("handled", flush=True)
+    print("stopped" if stop.wait(10) else "not stopped", flush=True)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_signal_while_the_main_thread_holds_the_flags_lock_still_stops_it() -> None:
+    """A handler that set the Event itself waited for ever on the lock its own
+    thread held: the process then ignored the signal until SIGKILL."""
+    p = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["handled", "stopped", "done"]
+
+
 _STOPPING = """
 import sys, threading, time
 from hangwatch.lifecycle import exit_if_stuck
