@@ -546,10 +546,9 @@ class TickReadings:
         (`Columns.packed_layout`), or equal bytes the caller already holds."""
         cells, ranks = len(layout[1]) // 2, len(layout[0]) // 4
         c = req.columns
-        enqueued = progress_columns.count_column(
-            c.cell_counts, progress_columns.LAST_ENQUEUED, cells
-        )
-        started = progress_columns.count_column(c.cell_counts, progress_columns.LAST_STARTED, cells)
+        counts = c.cell_counts  # read once: each read of a bytes field is a copy of it all
+        enqueued = progress_columns.count_column(counts, progress_columns.LAST_ENQUEUED, cells)
+        started = progress_columns.count_column(counts, progress_columns.LAST_STARTED, cells)
         same = started == enqueued
         if status_at is not None:
             self.c_only[len(self.c_seq)] = status_at
