@@ -50,9 +50,9 @@ class ShutdownSignals:
     two bytecodes, and that thread spends part of every `stop.wait(1.0)`
     holding the Event's own lock (a plain Lock): a handler that ran there and
     called `stop.set()` would wait on that lock for ever, the process deaf to
-    the signal and every later one until SIGKILL. (A relay did, once, in a
-    test run: 15 s past SIGTERM, nothing in its log.) It writes a byte to a
-    pipe instead, and a thread of this object's sets the Event.
+    the signal and every later one until SIGKILL. (A relay once sat 15 s past
+    its test's SIGTERM with nothing in its log, which this fits.) It writes a
+    byte to a pipe instead, and a thread of this object's sets the Event.
     """
 
     def __init__(self, name: str, stop: threading.Event | None = None) -> None:
