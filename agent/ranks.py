@@ -28,7 +28,7 @@ from hangwatch import formats, hook_protocol
 from hangwatch.formats import HookEvent, HookEventKind, RankInfo, Recorder
 from hangwatch.formats.checks import read_file
 from hangwatch.recorders import COMPLETION_TRACKED, KIND_GENERIC
-from hangwatch.wire import COLLECTIVES_UNKNOWN, group_info, pb
+from hangwatch.wire import COLLECTIVES_UNKNOWN, group_info, next_seq, pb
 
 log = logging.getLogger("hangwatch.agent")
 
@@ -283,7 +283,7 @@ class RankTracker:
                 else:
                     g.inflight_seq = None
             elif enq > comp:
-                seq = comp + 1
+                seq = next_seq(comp)
                 if g.inflight_seq != seq:
                     g.inflight_seq, g.inflight_since = seq, now
             else:
@@ -343,7 +343,7 @@ class RankTracker:
                 gp.collectives_completed = COLLECTIVES_UNKNOWN if comp is None else comp
                 if coll is not None and seq is not None:
                     # In flight is tracked (and aged) by pg_status value; reported as a collective.
-                    seq = coll[1] + 1 if coll[0] > coll[1] else None
+                    seq = next_seq(coll[1]) if coll[0] > coll[1] else None
             if seq is not None:
                 if coll is not None:
                     op = self.ops.get((g.name, seq), "")

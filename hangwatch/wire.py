@@ -15,9 +15,11 @@ __all__ = [
     "group_info",
     "group_members",
     "member_runs",
+    "next_seq",
     "pb",
     "process_state_name",
     "rpc",
+    "seq_count",
 ]
 
 _PROCESS_STATE_NAMES: Final[dict[int, str]] = {
@@ -35,6 +37,22 @@ EXITED_PROCESS_STATES: Final = frozenset({"zombie", "gone"})
 # GroupProgress.collectives_enqueued/_completed: the group does p2p and the
 # rank moved on since its FR entries were read, so its collective count is not known.
 COLLECTIVES_UNKNOWN: Final = -2
+
+
+def seq_count(seq: int) -> int:
+    """How many collectives a GroupProgress number (last_enqueued, last_completed,
+    collectives_*) says: every counter numbers the first collective 1 and says
+    -1 for none (hangwatch.recorders' status offset), so the numbers jump by two
+    where the count moves by one."""
+    return max(seq, 0)
+
+
+def next_seq(completed: int) -> int:
+    """The collective after `completed`: the one in flight where more were
+    entered. #1 after none, not "#0" (no op is numbered 0: its name was not found)."""
+    return seq_count(completed) + 1
+
+
 # Most reports in one ProgressBatch. A relay of 64 nodes sends ~16 a batch at
 # a 0.25 s window, and all 64 at once after a reconnect (full reports, ~2.5 KB
 # each at 8 ranks); 1,024 of the largest reports an agent sends stay under the

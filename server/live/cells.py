@@ -21,7 +21,7 @@ from hangwatch.server.live.records import GroupRecord, JobRecord, RankRecord
 
 from hangwatch import progress_columns
 from hangwatch.progress_columns import COMPLETION_UNKNOWN, HAS_COLLECTIVES, HAS_IN_FLIGHT
-from hangwatch.wire import COLLECTIVES_UNKNOWN, pb
+from hangwatch.wire import COLLECTIVES_UNKNOWN, next_seq, pb
 
 
 def message_cells(
@@ -180,7 +180,7 @@ def store_cells(
             op_o.append(ops[fop])
             age_o.append(fage)
         elif enq > comp:
-            seq = comp + 1
+            seq = next_seq(comp)
             since_o.append(osince if osince <= now and oseq == seq else now)
             seq_o.append(seq)
             op_o.append(0)

@@ -47,6 +47,7 @@ from hangwatch.formats import JobStopped, MissingReason
 from hangwatch.wire import (
     EXITED_PROCESS_STATES,
     group_members,
+    next_seq,
     pb,
     process_state_name,
 )
@@ -596,7 +597,7 @@ class JobRegistry:
             if job is None:
                 return None
             keys = [
-                (g, c[1] + 1)
+                (g, next_seq(c[1]))
                 for r in job.ranks.values()
                 if job.observed(r)
                 for g, cell in job.cells_of(r)

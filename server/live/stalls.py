@@ -28,6 +28,7 @@ from hangwatch.server.live.records import JobRecord, RankRecord, sorted_groups
 from hangwatch.server.live.views import StalledGroup
 
 from hangwatch.formats import StallKind
+from hangwatch.wire import seq_count
 
 
 def scan_stalls(
@@ -80,9 +81,8 @@ def scan_stalls(
         progress: dict[int, MemberProgress] = {}
         for r, rg in members:
             enq, comp = rg.counts()
-            # Collectives are numbered from 1 and -1 means none: a rank in the
-            # group's first one waits in #1, not "#0".
-            comp = max(comp, 0)
+            # A rank in the group's first collective waits in #1, not "#0".
+            comp = seq_count(comp)
             op = rg.in_flight_op
             if rg.completion_unknown and assumed is not None:
                 comp = assumed

@@ -19,7 +19,7 @@ from hangwatch.server.live.records import (
 )
 
 from hangwatch.formats import JobStopped, StallKind
-from hangwatch.wire import EXITED_PROCESS_STATES, event_kind_name
+from hangwatch.wire import EXITED_PROCESS_STATES, event_kind_name, seq_count
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -310,17 +310,15 @@ def _rank_views(rows: list[_RankRow], known: set[str]) -> list[RankLive]:
         # Collectives only: a pipeline's middle stage does twice the p2p of
         # its ends, and that puts nobody behind. A count not known now (p2p
         # since the agent last read FR entries) puts nobody behind either.
-        # Counted, not numbered: every counter numbers the first collective 1
-        # and says -1 for none (hangwatch.recorders' status offset), so none is
-        # 0 here. As seq numbers a rank not yet in the first collective was 2
-        # behind one in it (1 - (-1)): a healthy pipeline's first stage, still
-        # in its p2p, read lag 2 (CI, stop 52).
+        # Counted, not numbered (wire.seq_count): as numbers a rank in the
+        # first collective, not yet completed, was 2 behind one that completed
+        # it (1 - (-1)): a healthy pipeline's first stage read lag 2 (CI, stop 52).
         lag = max(
             (
                 max(
                     0,
-                    max(max_completed.get(g[0], -1), 0) - max(c[1], 0),
-                    max(max_enqueued.get(g[0], -1), 0) - max(c[0], 0),
+                    seq_count(max_completed.get(g[0], -1)) - seq_count(c[1]),
+                    seq_count(max_enqueued.get(g[0], -1)) - seq_count(c[0]),
                 )
                 for g in grows
                 if (c := _collectives(g)) is not None

@@ -256,3 +256,23 @@ def test_a_crash_caused_by_a_dead_peer_goes_after_its_cause() -> None:
     cause = (crashed, 1, "process gone; uncaught exception: RuntimeError: rank 1: corrupt sample")
     exited = (pb.EVENT_KIND_RANK_EXITED, 2, "process gone")
     assert causes_first([peer, exited, cause]) == [exited, cause, peer]
+
+
+@pytest.mark.parametrize(("op_id", "p2p"), [(1, False), (2, True)])
+def test_a_rank_in_its_first_collective_names_it_as_1_with_its_op(op_id: int, p2p: bool) -> None:
+    """pg_status says -1 for none completed; the collective in flight is #1
+    (FR's collective_seq_id), and its op is found under that number. As "#0"
+    (-1 + 1) its op was never found. p2p: a pipeline's first stage, whose send
+    was op 1 (gloo numbers both with one counter), in all_reduce #1 as op 2."""
+    t = _tracker(KIND_GENERIC, "gloo", ["0"])
+    status = {
+        "pg_status": {"0": {"last_enqueued_collective": op_id, "last_completed_collective": -1}}
+    }
+    entry = {"process_group": ["0", "default_pg"], "pg_id": 0, "record_id": 0,
+             "collective_seq_id": 1, "op_id": op_id, "profiling_name": "gloo:all_reduce"}  # fmt: skip
+    t.apply_status(status, 1.0, "gloo")
+    t.ingest_entries({"entries": [entry]}, "gloo")
+    t.apply_status(status, 1.0, "gloo")
+    (gp,) = t.progress_pb(2.0).groups
+    assert (gp.oldest_in_flight.seq, gp.oldest_in_flight.op) == (1, "all_reduce")
+    assert gp.HasField("collectives_enqueued") == p2p
