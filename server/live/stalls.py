@@ -28,7 +28,7 @@ from hangwatch.server.live.records import JobRecord, RankRecord, sorted_groups
 from hangwatch.server.live.views import StalledGroup
 
 from hangwatch.formats import StallKind
-from hangwatch.wire import seq_count
+from hangwatch.wire import next_seq, seq_count
 
 
 def scan_stalls(
@@ -85,10 +85,10 @@ def scan_stalls(
             comp = seq_count(comp)
             op = rg.in_flight_op
             if rg.completion_unknown and assumed is not None:
-                comp = assumed
+                comp = seq_count(assumed)
                 # The op the agent named is for the newest collective entered;
                 # it is only the stalled one's op when that is the next one.
-                op = op if rg.in_flight_seq == assumed + 1 else ""
+                op = op if rg.in_flight_seq == next_seq(assumed) else ""
             if r.finished:
                 # It returned from all it entered (gloo's pg_status can leave
                 # the last one uncounted; NCCL's exit need not wait for it).

@@ -437,6 +437,20 @@ def test_completion_unknown_rank_behind_the_others_is_not_entered(env: Env) -> N
 
 
 @pytest.mark.timeout(10)
+def test_completion_unknown_rank_late_for_the_first_collective_stalls_it_as_1(env: Env) -> None:
+    """None entered is -1 and the first collective 1 (wire.seq_count): the
+    stall is #1 with its op, not "#0" with none (its completed count was taken
+    as -1 and its op looked up under 0)."""
+    env.a.enter({0: 1, 1: 1})
+    env.b.enter({2: 1, 3: -1})
+    env.clock.advance(STALL)
+    env.b.enter({2: 1, 3: -1})
+    [st] = _over(env.registry)
+    assert (st.seq, st.kind, st.op) == (1, "stall", "all_reduce")
+    assert (st.waiting_ranks, st.not_entered_ranks) == ([0, 1, 2], [3])
+
+
+@pytest.mark.timeout(10)
 def test_completion_unknown_members_all_equal_never_stall(env: Env) -> None:
     env.a.enter({0: 7, 1: 7})
     env.b.enter({2: 7, 3: 7})
