@@ -33,7 +33,7 @@ def run(ns: argparse.Namespace) -> int:
         sys.stderr.write(f"hangwatch agent: {e}\n")
         return 2
     configure_logging(cfg.job.log_level)
-    from hangwatch.agent.service import Agent
+    from hangwatch.agent.service import EXIT_BOUND_S, Agent
 
     agent = Agent(cfg)
     logging.getLogger("hangwatch.agent").info(
@@ -44,7 +44,7 @@ def run(ns: argparse.Namespace) -> int:
         cfg.agent.coordinator,
         cfg.agent.poll_interval,
     )
-    with ShutdownSignals("hangwatch agent", agent.stop):
+    with ShutdownSignals("hangwatch agent", agent.stop, exit_bound_s=EXIT_BOUND_S):
         agent.run()
     return 0
 

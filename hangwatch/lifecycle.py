@@ -11,6 +11,9 @@
   (exit status 128+N in a shell), even if a shutdown step is stuck.
 * `exit_if_stuck`: once a stop is under way, a bound on the whole of it,
   interpreter exit included, that leaves every thread's stack behind.
+  `ShutdownSignals(..., exit_bound_s=B)` arms it when the first signal comes,
+  with the role's own bound (the server's, the agent's); the relay arms it
+  as its loop ends, whatever ended it.
 """
 
 from __future__ import annotations
@@ -53,11 +56,21 @@ class ShutdownSignals:
     the signal and every later one until SIGKILL. (A relay once sat 15 s past
     its test's SIGTERM with nothing in its log, which this fits.) It writes a
     byte to a pipe instead, and a thread of this object's sets the Event.
+
+    `exit_bound_s`: that thread first arms `exit_if_stuck` with it, so a stop
+    that a signal began ends within it, stuck or not.
     """
 
-    def __init__(self, name: str, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        stop: threading.Event | None = None,
+        *,
+        exit_bound_s: float | None = None,
+    ) -> None:
         self.name = name
         self.stop = stop if stop is not None else threading.Event()
+        self.exit_bound_s = exit_bound_s
         self._previous: dict[int, object] = {}
         self._signalled = False
         self._pipe: tuple[int, int] | None = None
@@ -78,6 +91,8 @@ class ShutdownSignals:
     def _watch(self, r: int) -> None:
         # One byte per first signal; b"" once __exit__ closed the write end.
         while os.read(r, 1):
+            if self.exit_bound_s is not None and not self.stop.is_set():
+                exit_if_stuck(self.name, self.exit_bound_s)
             self.stop.set()
 
     def __enter__(self) -> threading.Event:

@@ -49,7 +49,7 @@ def run(ns: argparse.Namespace) -> int:
     configure_logging(conf.job.log_level)
     from hangwatch.server.runtime import ServerRuntime, StartError
 
-    with ShutdownSignals("hangwatch server") as stop:
+    with ShutdownSignals("hangwatch server", exit_bound_s=ServerRuntime.EXIT_BOUND_S) as stop:
         try:
             runtime = ServerRuntime(conf, stop)
             info = runtime.start()

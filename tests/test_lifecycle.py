@@ -80,6 +80,55 @@ def test_a_signal_while_the_main_thread_holds_the_flags_lock_still_stops_it() ->
     assert p.stdout.split() == ["handled", "stopped", "done"]
 
 
+_BOUNDED = """
+import sys, time
+from hangwatch.lifecycle import ShutdownSignals
+with ShutdownSignals("child", exit_bound_s=float(sys.argv[2])) as stop:
+    print("ready", flush=True)
+    stop.wait(30)
+    print("stopping", flush=True)
+    if sys.argv[1] == "stuck":
+        time.sleep(30)  # a shutdown step that hangs, and no second signal comes
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_a_signal_began_is_bounded_by_the_roles_exit_bound() -> None:
+    """The first signal arms exit_if_stuck with the role's bound: a stop that
+    hangs ends there with its stacks, and nobody has to send a second one."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", _BOUNDED, "stuck", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 1, err
+    assert out.split() == ["stopping"]
+    assert "child: stopping (bound 1 s)" in err
+    assert "Timeout (0:00:01)!" in err  # faulthandler's watchdog fired
+    assert "<module>" in err  # the main thread's stack, stuck in the sleep
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_a_signal_began_within_its_bound_exits_0() -> None:
+    p = subprocess.Popen(
+        [sys.executable, "-c", _BOUNDED, "clean", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert out.split() == ["stopping", "done"]
+    assert "child: stopping (bound 10 s)" in err and "Timeout" not in err
+
+
 _STOPPING = """
 import sys, threading, time
 from hangwatch.lifecycle import exit_if_stuck
