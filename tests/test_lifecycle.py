@@ -22,9 +22,9 @@ print("done", flush=True)
 """
 
 
-def _start(mode: str) -> subprocess.Popen[str]:
+def _start(mode: str, child: str = _CHILD, *args: str) -> subprocess.Popen[str]:
     p = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, mode],
+        [sys.executable, "-c", child, mode, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -97,13 +97,7 @@ print("done", flush=True)
 def test_a_stop_a_signal_began_is_bounded_by_the_roles_exit_bound() -> None:
     """The first signal arms exit_if_stuck with the role's bound: a stop that
     hangs ends there with its stacks, and nobody has to send a second one."""
-    p = subprocess.Popen(
-        [sys.executable, "-c", _BOUNDED, "stuck", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p = _start("stuck", _BOUNDED, "1")
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=20)
     assert p.returncode == 1, err
@@ -115,13 +109,7 @@ def test_a_stop_a_signal_began_is_bounded_by_the_roles_exit_bound() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_stop_a_signal_began_within_its_bound_exits_0() -> None:
-    p = subprocess.Popen(
-        [sys.executable, "-c", _BOUNDED, "clean", "10"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p = _start("clean", _BOUNDED, "10")
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=20)
     assert p.returncode == 0, err

@@ -276,3 +276,53 @@ def test_a_rank_in_its_first_collective_names_it_as_1_with_its_op(op_id: int, p2
     (gp,) = t.progress_pb(2.0).groups
     assert (gp.oldest_in_flight.seq, gp.oldest_in_flight.op) == (1, "all_reduce")
     assert gp.HasField("collectives_enqueued") == p2p
+
+
+# A rank's lag (RankLive.lag, server/live/views.py) counts collectives, it does
+# not subtract numbers: every counter numbers the first collective 1 and says
+# -1 for none. Read as numbers, a healthy pipeline's first stage in all_reduce
+# #1, not yet completed, was 2 behind a peer that completed it (CI, stop 52).
+
+
+def _lags(groups: dict[int, pb.GroupProgress]) -> dict[int, int]:
+    snap = _registry(
+        {
+            r: pb.RankProgress(rank=r, state=pb.PROCESS_STATE_RUNNING, groups=[gp])
+            for r, gp in groups.items()
+        }
+    ).snapshot("pp")
+    assert snap is not None
+    return {r.rank: r.lag for r in snap.ranks}
+
+
+def _p2p(raw: int, entered: int, completed: int) -> pb.GroupProgress:
+    """A group whose pg_status counts p2p too: its collective counts beside it."""
+    return pb.GroupProgress(
+        group="0",
+        last_enqueued=raw,
+        last_completed=-1,
+        collectives_enqueued=entered,
+        collectives_completed=completed,
+    )
+
+
+def _plain(enqueued: int, completed: int) -> pb.GroupProgress:
+    return pb.GroupProgress(group="0", last_enqueued=enqueued, last_completed=completed)
+
+
+def test_a_stage_still_in_its_first_p2p_is_one_collective_behind_not_two() -> None:
+    # The CI failure's numbers: stage 0 has sent and is receiving (raw 2, no
+    # collective yet); the others are in the first all_reduce.
+    lags = _lags({0: _p2p(2, -1, -1), 1: _p2p(4, 1, -1), 2: _p2p(3, 1, -1)})
+    assert lags == {0: 1, 1: 0, 2: 0}
+
+
+def test_none_entered_against_the_first_is_one_behind_on_either_counter() -> None:
+    assert _lags({0: _plain(-1, -1), 1: _plain(1, -1), 2: _plain(1, -1)}) == {0: 1, 1: 0, 2: 0}
+    assert _lags({0: _plain(-1, -1), 1: _plain(1, 1), 2: _plain(1, 1)}) == {0: 1, 1: 0, 2: 0}
+    assert _lags({0: _plain(1, -1), 1: _plain(1, 1), 2: _plain(2, 1)}) == {0: 1, 1: 1, 2: 0}
+
+
+def test_past_the_first_collective_the_numbers_are_the_counts() -> None:
+    assert _lags({0: _plain(3, 3), 1: _plain(5, 4), 2: _plain(5, 5)}) == {0: 2, 1: 1, 2: 0}
+    assert _lags({0: _p2p(9, 3, 2), 1: _p2p(20, 5, 4), 2: _p2p(12, 4, 4)}) == {0: 2, 1: 0, 2: 1}
