@@ -11,9 +11,9 @@
   (exit status 128+N in a shell), even if a shutdown step is stuck.
 * `exit_if_stuck`: once a stop is under way, a bound on the whole of it,
   interpreter exit included, that leaves every thread's stack behind.
-  `ShutdownSignals(..., exit_bound_s=B)` arms it when the first signal comes,
-  with the role's own bound (the server's, the agent's); the relay arms it
-  as its loop ends, whatever ended it.
+  `ShutdownSignals(..., exit_bound_s=B).stopping()` arms it once with the
+  role's own bound: called when the first signal comes, and by a role whose
+  stop began otherwise (its loop or HTTP server ended on its own).
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class ShutdownSignals:
     its test's SIGTERM with nothing in its log, which this fits.) It writes a
     byte to a pipe instead, and a thread of this object's sets the Event.
 
-    `exit_bound_s`: that thread first arms `exit_if_stuck` with it, so a stop
-    that a signal began ends within it, stuck or not.
+    `exit_bound_s`: the role's bound on its whole stop (`stopping`), armed
+    by that thread first, so a stop that a signal began ends within it,
+    stuck or not.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ShutdownSignals:
         self.name = name
         self.stop = stop if stop is not None else threading.Event()
         self.exit_bound_s = exit_bound_s
+        self._armed = False
         self._previous: dict[int, object] = {}
         self._signalled = False
         self._pipe: tuple[int, int] | None = None
@@ -91,9 +93,15 @@ class ShutdownSignals:
     def _watch(self, r: int) -> None:
         # One byte per first signal; b"" once __exit__ closed the write end.
         while os.read(r, 1):
-            if self.exit_bound_s is not None and not self.stop.is_set():
-                exit_if_stuck(self.name, self.exit_bound_s)
+            self.stopping()
             self.stop.set()
+
+    def stopping(self) -> None:
+        """The stop is under way: bound it by `exit_bound_s` (exit_if_stuck),
+        once. Two callers at once arm it twice, which only restarts the bound."""
+        if self.exit_bound_s is not None and not self._armed:
+            self._armed = True
+            exit_if_stuck(self.name, self.exit_bound_s)
 
     def __enter__(self) -> threading.Event:
         r, w = os.pipe()

@@ -49,7 +49,8 @@ def run(ns: argparse.Namespace) -> int:
     configure_logging(conf.job.log_level)
     from hangwatch.server.runtime import ServerRuntime, StartError
 
-    with ShutdownSignals("hangwatch server", exit_bound_s=ServerRuntime.EXIT_BOUND_S) as stop:
+    signals = ShutdownSignals("hangwatch server", exit_bound_s=ServerRuntime.EXIT_BOUND_S)
+    with signals as stop:
         try:
             runtime = ServerRuntime(conf, stop)
             info = runtime.start()
@@ -59,4 +60,5 @@ def run(ns: argparse.Namespace) -> int:
         try:
             return runtime.serve()
         finally:
+            signals.stopping()  # a signal armed it already; the HTTP server's own end did not
             runtime.shutdown()

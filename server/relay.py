@@ -47,7 +47,8 @@ every report it took, forwarded or turned away and why, and /healthz and
 On start it prints one machine-readable line,
     hangwatch relay: grpc=HOST:PORT http=HOST:PORT coordinator=HOST:PORT
 SIGINT/SIGTERM stop it within `SHUTDOWN_BOUND_S`; a second signal exits at once;
-a stop not done within `EXIT_BOUND_S` prints every thread's stack and exits 1.
+a stop not done within `EXIT_BOUND_S` prints every thread's stack and exits 1
+(ShutdownSignals.stopping, whatever began the stop).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from hangwatch.server.relay_http import RelayHttp
 from hangwatch import __version__
 from hangwatch import config as cfg
 from hangwatch.addresses import hostport
-from hangwatch.lifecycle import ShutdownSignals, configure_logging, exit_if_stuck
+from hangwatch.lifecycle import ShutdownSignals, configure_logging
 from hangwatch.tls import channel_credentials, server_credentials
 from hangwatch.wire import (
     MAX_RELAYED_REPORTS,
@@ -695,7 +696,8 @@ def run(ns: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging(conf.job.log_level)
     relay = Relay(conf)
-    with ShutdownSignals("hangwatch relay") as stop:
+    signals = ShutdownSignals("hangwatch relay", exit_bound_s=EXIT_BOUND_S)
+    with signals as stop:
         try:
             address = relay.start()
         except RuntimeError as e:
@@ -713,7 +715,7 @@ def run(ns: argparse.Namespace) -> int:
                     return 1
             return 0
         finally:
-            exit_if_stuck("hangwatch relay", EXIT_BOUND_S)
+            signals.stopping()
             relay.stop()
             if relay.alive:
                 log.error("the relay's loop did not end within %.0f s", SHUTDOWN_BOUND_S)

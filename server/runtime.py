@@ -60,7 +60,7 @@ class ServerRuntime:
     not stall agents' reports on the other (docs/ARCHITECTURE.md)."""
 
     SHUTDOWN_BOUND_S: Final = GRPC_GRACE_S + 5.0 + HTTP_GRACE_S
-    # The whole stop a signal begins, the interpreter's exit included:
+    # The whole stop, the interpreter's exit included:
     # SHUTDOWN_BOUND_S and 7 s to exit; past it the process leaves every
     # thread's stack and exits 1 (lifecycle.exit_if_stuck). Under the systemd
     # unit's 30 s TimeoutStopSec. Measured: 0.52 s from SIGTERM to exit

@@ -83,11 +83,14 @@ def test_a_signal_while_the_main_thread_holds_the_flags_lock_still_stops_it() ->
 _BOUNDED = """
 import sys, time
 from hangwatch.lifecycle import ShutdownSignals
-with ShutdownSignals("child", exit_bound_s=float(sys.argv[2])) as stop:
+signals = ShutdownSignals("child", exit_bound_s=float(sys.argv[2]))
+with signals as stop:
     print("ready", flush=True)
-    stop.wait(30)
+    if sys.argv[1] != "own":
+        stop.wait(30)
     print("stopping", flush=True)
-    if sys.argv[1] == "stuck":
+    signals.stopping()  # as a role does when it stops: armed once, by whichever came first
+    if sys.argv[1] in ("stuck", "own"):
         time.sleep(30)  # a shutdown step that hangs, and no second signal comes
 print("done", flush=True)
 """
@@ -115,6 +118,19 @@ def test_a_stop_a_signal_began_within_its_bound_exits_0() -> None:
     assert p.returncode == 0, err
     assert out.split() == ["stopping", "done"]
     assert "child: stopping (bound 10 s)" in err and "Timeout" not in err
+    assert err.count("stopping (bound") == 1  # the signal armed it; the role's call did not again
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_the_role_began_itself_is_bounded_too() -> None:
+    """No signal (a coordinator whose HTTP server ended, a relay whose loop
+    did): the role's own call to stopping() arms the same bound."""
+    p = subprocess.run(
+        [sys.executable, "-c", _BOUNDED, "own", "1"], capture_output=True, text=True, timeout=20
+    )
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.split() == ["ready", "stopping"]
+    assert "child: stopping (bound 1 s)" in p.stderr and "Timeout (0:00:01)!" in p.stderr
 
 
 _STOPPING = """
